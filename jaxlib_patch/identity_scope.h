@@ -1,0 +1,72 @@
+// Bookkeeping shared by the operations that see relative identities.
+
+#ifndef JAXLIB_PATCH_IDENTITY_SCOPE_H_
+#define JAXLIB_PATCH_IDENTITY_SCOPE_H_
+
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "jaxlib_patch/pytree.h"
+
+namespace jaxlib_patch {
+
+// Maps the opted-in objects met during one operation to the traversal index
+// of their first occurrence. The objects are kept alive until the operation
+// ends: a flatten function may hand out fresh objects, and if one died
+// mid-flatten its id could be reused by another, faking a share.
+class IdentityScope {
+ public:
+  static constexpr Py_ssize_t kInProgress = -1;
+
+  // Returns the index recorded for `obj`, or inserts `kInProgress` for it and
+  // returns nullopt when it is met for the first time.
+  std::optional<Py_ssize_t> FindOrStart(nb::handle obj) {
+    auto [it, inserted] = index_of_.try_emplace(obj.ptr(), kInProgress);
+    if (!inserted) return it->second;
+    alive_.push_back(nb::borrow(obj));
+    return std::nullopt;
+  }
+
+  void Finish(nb::handle obj, Py_ssize_t index) { index_of_[obj.ptr()] = index; }
+
+ private:
+  std::unordered_map<PyObject*, Py_ssize_t> index_of_;
+  std::vector<nb::object> alive_;
+};
+
+// Bounds the C++ recursion of the recursive operations: by Python's recursion
+// limit, like Python code, and by a fixed depth that the C stack is sure to
+// hold even when a user raised that limit very high.
+class RecursionGuard {
+ public:
+  static constexpr int kMaxDepth = 20000;
+
+  explicit RecursionGuard(const char* where) {
+    if (++depth_ > kMaxDepth) {
+      --depth_;
+      PyErr_Format(PyExc_RecursionError, "maximum pytree depth exceeded%s",
+                   where);
+      throw nb::python_error();
+    }
+    if (Py_EnterRecursiveCall(where) != 0) {
+      --depth_;
+      throw nb::python_error();
+    }
+  }
+  ~RecursionGuard() {
+    Py_LeaveRecursiveCall();
+    --depth_;
+  }
+  RecursionGuard(const RecursionGuard&) = delete;
+  RecursionGuard& operator=(const RecursionGuard&) = delete;
+
+ private:
+  static thread_local int depth_;
+};
+
+std::string CycleMessage(nb::handle obj);
+
+}  // namespace jaxlib_patch
+
+#endif  // JAXLIB_PATCH_IDENTITY_SCOPE_H_

@@ -1,0 +1,132 @@
+// Key classes of flatten_with_path paths, matching stock jaxlib's in
+// constructor, attributes, ==, hash, repr, str, pickling and __match_args__.
+
+#include "jaxlib_patch/keys.h"
+
+#include <string>
+
+namespace jaxlib_patch {
+
+namespace {
+
+std::string Repr(nb::handle obj) { return nb::cast<std::string>(nb::repr(obj)); }
+
+// A DictKey holds any object, so it can be part of a reference cycle.
+int DictKeyTraverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  if (!nb::inst_ready(self)) return 0;
+  Py_VISIT(nb::inst_ptr<DictKey>(self)->key.ptr());
+  return 0;
+}
+
+int DictKeyClear(PyObject* self) {
+  nb::inst_ptr<DictKey>(self)->key = nb::none();
+  return 0;
+}
+
+PyType_Slot dict_key_slots[] = {
+    {Py_tp_traverse, reinterpret_cast<void*>(DictKeyTraverse)},
+    {Py_tp_clear, reinterpret_cast<void*>(DictKeyClear)},
+    {0, nullptr}};
+
+// Binds the parts every key class shares: pickling through a one-item tuple,
+// == on the same class, and __match_args__.
+template <typename Key, typename Value, typename Class>
+void BindCommon(Class& cls, const char* field, Value Key::*member) {
+  cls.def("__getstate__",
+          [member](const Key& self) { return nb::make_tuple(self.*member); })
+      .def("__setstate__",
+           [member](Key& self, nb::tuple state) {
+             if (state.size() != 1) {
+               throw nb::value_error("Expected a 1-tuple as key state.");
+             }
+             new (&self) Key{nb::cast<Value>(state[0])};
+           })
+      .def(
+          "__eq__",
+          [member](const Key& self, nb::handle other) {
+            if (!nb::isinstance<Key>(other)) return false;
+            const Key& rhs = nb::cast<const Key&>(other);
+            if constexpr (std::is_same_v<Value, Py_ssize_t>) {
+              return self.*member == rhs.*member;
+            } else {
+              return nb::handle(self.*member).equal(rhs.*member);
+            }
+          },
+          nb::arg().none());
+  cls.attr("__match_args__") = nb::make_tuple(field);
+}
+
+}  // namespace
+
+nb::object MakeSequenceKey(Py_ssize_t idx) { return nb::cast(SequenceKey{idx}); }
+nb::object MakeDictKey(nb::handle key) {
+  return nb::cast(DictKey{nb::borrow(key)});
+}
+nb::object MakeGetAttrKey(nb::handle name) {
+  return nb::cast(GetAttrKey{nb::borrow<nb::str>(name)});
+}
+nb::object MakeFlattenedIndexKey(Py_ssize_t key) {
+  return nb::cast(FlattenedIndexKey{key});
+}
+
+void BindKeys(nb::module_& m) {
+  auto sequence_key = nb::class_<SequenceKey>(m, "SequenceKey",
+                                              nb::sig("class SequenceKey(Hashable)"));
+  sequence_key.def(nb::init<Py_ssize_t>(), nb::arg("idx"))
+      .def_ro("idx", &SequenceKey::idx)
+      .def("__str__",
+           [](const SequenceKey& k) { return "[" + std::to_string(k.idx) + "]"; })
+      .def("__repr__",
+           [](const SequenceKey& k) {
+             return "SequenceKey(idx=" + std::to_string(k.idx) + ")";
+           })
+      .def("__hash__", [](const SequenceKey& k) {
+        return nb::hash(nb::int_(k.idx + 1));
+      });
+  BindCommon(sequence_key, "idx", &SequenceKey::idx);
+
+  auto dict_key = nb::class_<DictKey>(m, "DictKey", nb::sig("class DictKey(Hashable)"),
+                                      nb::type_slots(dict_key_slots));
+  dict_key.def(nb::init<nb::object>(), nb::arg("key").none())
+      .def_ro("key", &DictKey::key)
+      .def("__str__", [](const DictKey& k) { return "[" + Repr(k.key) + "]"; })
+      .def("__repr__",
+           [](const DictKey& k) { return "DictKey(key=" + Repr(k.key) + ")"; })
+      .def("__hash__", [](const DictKey& k) { return nb::hash(k.key); });
+  BindCommon(dict_key, "key", &DictKey::key);
+
+  auto get_attr_key = nb::class_<GetAttrKey>(m, "GetAttrKey",
+                                             nb::sig("class GetAttrKey(Hashable)"));
+  get_attr_key.def(nb::init<nb::str>(), nb::arg("name"))
+      .def_ro("name", &GetAttrKey::name)
+      .def("__str__",
+           [](const GetAttrKey& k) {
+             return "." + nb::cast<std::string>(k.name);
+           })
+      .def("__repr__",
+           [](const GetAttrKey& k) {
+             return "GetAttrKey(name=" + Repr(k.name) + ")";
+           })
+      .def("__hash__", [](const GetAttrKey& k) { return nb::hash(k.name); });
+  BindCommon(get_attr_key, "name", &GetAttrKey::name);
+
+  auto flattened_index_key = nb::class_<FlattenedIndexKey>(
+      m, "FlattenedIndexKey", nb::sig("class FlattenedIndexKey(Hashable)"));
+  flattened_index_key.def(nb::init<Py_ssize_t>(), nb::arg("key"))
+      .def_ro("key", &FlattenedIndexKey::key)
+      .def("__str__",
+           [](const FlattenedIndexKey& k) {
+             return "[<flat index " + std::to_string(k.key) + ">]";
+           })
+      .def("__repr__",
+           [](const FlattenedIndexKey& k) {
+             return "FlattenedIndexKey(key=" + std::to_string(k.key) + ")";
+           })
+      .def("__hash__", [](const FlattenedIndexKey& k) {
+        return nb::hash(nb::int_(k.key + 42));
+      });
+  BindCommon(flattened_index_key, "key", &FlattenedIndexKey::key);
+}
+
+}  // namespace jaxlib_patch

@@ -1,0 +1,36 @@
+// The path entries of flatten_with_path: SequenceKey, DictKey, GetAttrKey and
+// FlattenedIndexKey.
+
+#ifndef JAXLIB_PATCH_KEYS_H_
+#define JAXLIB_PATCH_KEYS_H_
+
+#include "jaxlib_patch/pytree.h"
+
+namespace jaxlib_patch {
+
+struct SequenceKey {
+  Py_ssize_t idx;
+};
+
+struct DictKey {
+  nb::object key;
+};
+
+struct GetAttrKey {
+  nb::str name;
+};
+
+struct FlattenedIndexKey {
+  Py_ssize_t key;
+};
+
+nb::object MakeSequenceKey(Py_ssize_t idx);
+nb::object MakeDictKey(nb::handle key);
+nb::object MakeGetAttrKey(nb::handle name);
+nb::object MakeFlattenedIndexKey(Py_ssize_t key);
+
+void BindKeys(nb::module_& m);
+
+}  // namespace jaxlib_patch
+
+#endif  // JAXLIB_PATCH_KEYS_H_

@@ -1,0 +1,264 @@
+// Python bindings of the pytree module: the surface of stock
+// jaxlib._jax.pytree (names, signatures, defaults), plus the keyword-only
+// `preserve_relative_identities` flag and the SharedReference marker.
+
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+#include <nanobind/typing.h>
+
+#include "jaxlib_patch/keys.h"
+#include "jaxlib_patch/pytree.h"
+
+namespace jaxlib_patch {
+
+namespace {
+
+// --- Garbage collection. A treedef holds its registry and arbitrary node
+// data, a registry holds the registered types and functions; either can be
+// part of a reference cycle.
+
+int PyTreeDefTraverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  if (!nb::inst_ready(self)) return 0;
+  return nb::inst_ptr<PyTreeDef>(self)->Traverse(visit, arg);
+}
+
+int PyTreeDefClear(PyObject* self) {
+  nb::inst_ptr<PyTreeDef>(self)->Clear();
+  return 0;
+}
+
+PyType_Slot treedef_slots[] = {
+    {Py_tp_traverse, reinterpret_cast<void*>(PyTreeDefTraverse)},
+    {Py_tp_clear, reinterpret_cast<void*>(PyTreeDefClear)},
+    {0, nullptr}};
+
+int PyTreeRegistryTraverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  if (!nb::inst_ready(self)) return 0;
+  // The instance __dict__ (nb::dynamic_attr) is visited by nanobind's own
+  // handling only when no slot is given, so visit it here.
+  PyObject** dict = _PyObject_GetDictPtr(self);
+  if (dict != nullptr) Py_VISIT(*dict);
+  return nb::inst_ptr<PyTreeRegistry>(self)->Traverse(visit, arg);
+}
+
+PyType_Slot registry_slots[] = {
+    {Py_tp_traverse, reinterpret_cast<void*>(PyTreeRegistryTraverse)},
+    {0, nullptr}};
+
+// The registration flag must be a real bool: `preserve_relative_identities=1`
+// or `="yes"` is almost certainly a mistake.
+bool CheckFlag(nb::handle flag) {
+  if (!PyBool_Check(flag.ptr())) {
+    throw nb::type_error(
+        ("preserve_relative_identities must be a bool, got " +
+         nb::cast<std::string>(nb::repr(flag)) + ".")
+            .c_str());
+  }
+  return flag.ptr() == Py_True;
+}
+
+// Borrowed from the module's `_default_registry`, which owns it.
+nb::handle default_registry_ref;
+
+}  // namespace
+
+int PyTreeDef::Traverse(visitproc visit, void* arg) const {
+  Py_VISIT(registry_ref_.ptr());
+  for (const Node& node : traversal_) Py_VISIT(node.node_data.ptr());
+  return 0;
+}
+
+void PyTreeDef::Clear() {
+  // Only ever called on garbage: leave an empty treedef behind that every
+  // method rejects instead of touching freed objects.
+  traversal_.clear();
+  registry_ = nullptr;
+  registry_ref_.reset();
+}
+
+nb::object WrapTreeDef(PyTreeDef&& treedef) {
+  return nb::cast(std::move(treedef));
+}
+
+NB_MODULE(pytree, m) {
+  m.doc() = "Python tree library";
+  // Registries and treedefs held by module globals are legitimately alive
+  // when nanobind checks for leaks at exit; the tests check refcounts instead.
+  nb::set_leak_warnings(false);
+  m.attr("version") = 3;
+
+  m.attr("_T") = nb::type_var("_T");
+  m.attr("_AuxData") = nb::type_var("_AuxData");
+  m.attr("_Children") = nb::type_var("_Children");
+  m.attr("_KeyLeafPair") = nb::type_var("_KeyLeafPair");
+  m.attr("_KeyLeafPairs") = nb::type_var("_KeyLeafPairs");
+  m.attr("_KeyPath") = nb::type_var("_KeyPath");
+
+  BindKeys(m);
+
+  nb::class_<SharedReference>(
+      m, "SharedReference",
+      "The data that `PyTreeDef.node_data()` gives for a treedef whose root "
+      "is a reference to a shared node: the node `distance` positions "
+      "earlier in the enclosing treedef's traversal.")
+      .def(nb::init<Py_ssize_t>(), nb::arg("distance"))
+      .def_ro("distance", &SharedReference::distance)
+      .def("__eq__",
+           [](const SharedReference& self, nb::handle other) {
+             return nb::isinstance<SharedReference>(other) &&
+                    nb::cast<const SharedReference&>(other).distance ==
+                        self.distance;
+           })
+      .def("__hash__",
+           [](const SharedReference& self) { return nb::hash(nb::int_(self.distance)); })
+      .def("__repr__", [](const SharedReference& self) {
+        return "SharedReference(distance=" + std::to_string(self.distance) + ")";
+      });
+
+  nb::class_<PyTreeRegistry>(m, "PyTreeRegistry", nb::dynamic_attr(),
+                             nb::type_slots(registry_slots))
+      .def(nb::init<bool, bool, bool, bool, bool>(),
+           nb::arg("enable_none") = true, nb::arg("enable_tuple") = true,
+           nb::arg("enable_namedtuple") = true, nb::arg("enable_list") = true,
+           nb::arg("enable_dict") = true)
+      .def(
+          "flatten",
+          [](nb::handle self, nb::handle tree,
+             std::optional<nb::callable> leaf_predicate) {
+            return PyTreeDef::Flatten(nb::cast<PyTreeRegistry*>(self),
+                                      nb::borrow(self), tree,
+                                      std::move(leaf_predicate));
+          },
+          nb::arg("tree").none(), nb::arg("leaf_predicate").none() = nb::none(),
+          nb::sig("def flatten(self, tree: object | None, leaf_predicate: "
+                  "Callable[[Any], bool] | None = None) -> "
+                  "tuple[list[Any], PyTreeDef]"))
+      .def(
+          "flatten_with_path",
+          [](nb::handle self, nb::handle tree,
+             std::optional<nb::callable> leaf_predicate) {
+            return PyTreeDef::FlattenWithPath(nb::cast<PyTreeRegistry*>(self),
+                                              nb::borrow(self), tree,
+                                              std::move(leaf_predicate));
+          },
+          nb::arg("tree").none(), nb::arg("leaf_predicate").none() = nb::none(),
+          nb::sig("def flatten_with_path(self, tree: object | None, "
+                  "leaf_predicate: Callable[[Any, Any], bool] | None = None) "
+                  "-> tuple[list[tuple[_KeyPath, Any]], PyTreeDef]"))
+      .def("flatten_one_level", &FlattenOneLevel, nb::arg("tree").none(),
+           nb::sig("def flatten_one_level(self, tree: object | None) -> "
+                   "tuple[Iterable[Any], Any] | None"))
+      .def("flatten_one_level_with_keys", &FlattenOneLevelWithKeys,
+           nb::arg("tree").none(),
+           nb::sig("def flatten_one_level_with_keys(self, tree: object | None) "
+                   "-> tuple[Iterable[_KeyLeafPair], Any] | None"))
+      .def("is_node", &PyTreeRegistry::IsNode, nb::arg("type"),
+           nb::sig("def is_node(self, type: type) -> bool"))
+      .def(
+          "register_node",
+          [](PyTreeRegistry& self, nb::type_object type, nb::callable to_iterable,
+             nb::callable from_iterable, nb::object to_iterable_with_keys,
+             nb::handle preserve_relative_identities) {
+            if (!to_iterable_with_keys.is_none() &&
+                !PyCallable_Check(to_iterable_with_keys.ptr())) {
+              throw nb::type_error("to_iterable_with_keys must be callable or None.");
+            }
+            self.RegisterNode(type, to_iterable, from_iterable,
+                              to_iterable_with_keys,
+                              CheckFlag(preserve_relative_identities));
+          },
+          nb::arg("type"), nb::arg("to_iterable"), nb::arg("from_iterable"),
+          nb::arg("to_iterable_with_keys").none() = nb::none(), nb::kw_only(),
+          nb::arg("preserve_relative_identities") = false,
+          nb::sig("def register_node(self, type: type[_T], to_iterable: "
+                  "Callable[[_T], tuple[_Children, _AuxData]], from_iterable: "
+                  "Callable[[_AuxData, _Children], _T], to_iterable_with_keys: "
+                  "Callable[[_T], tuple[_KeyLeafPairs, _AuxData]] | None = "
+                  "None, *, preserve_relative_identities: bool = False) -> Any"))
+      .def(
+          "register_dataclass_node",
+          [](PyTreeRegistry& self, nb::type_object type,
+             std::vector<nb::str> data_fields, std::vector<nb::str> meta_fields,
+             nb::handle preserve_relative_identities) {
+            self.RegisterDataclassNode(type, std::move(data_fields),
+                                       std::move(meta_fields),
+                                       CheckFlag(preserve_relative_identities));
+          },
+          nb::arg("type"), nb::arg("data_fields"), nb::arg("meta_fields"),
+          nb::kw_only(), nb::arg("preserve_relative_identities") = false,
+          nb::sig("def register_dataclass_node(self, type: type, data_fields: "
+                  "Sequence[str], meta_fields: Sequence[str], /, *, "
+                  "preserve_relative_identities: bool = False) -> Any"))
+      .def("__reduce__", [](nb::handle self) { return self.attr("__name__"); });
+
+  nb::class_<PyTreeDef>(m, "PyTreeDef", nb::type_slots(treedef_slots))
+      .def("unflatten", &PyTreeDef::Unflatten,
+           nb::sig("def unflatten(self, arg: Iterable[Any], /) -> Any"))
+      .def("flatten_up_to", &PyTreeDef::FlattenUpTo, nb::arg("tree").none())
+      .def("compose", &PyTreeDef::Compose)
+      .def("walk", &PyTreeDef::Walk,
+           "Walk pytree, calling f_node(node, node_data) at nodes, and f_leaf "
+           "at leaves",
+           nb::sig("def walk(self, __f_node: Callable[[Any, Any], Any], "
+                   "__f_leaf: Callable[[_T], Any] | None, leaves: "
+                   "Iterable[Any], /) -> Any"))
+      .def("from_iterable_tree", &PyTreeDef::FromIterableTree)
+      .def("children", &PyTreeDef::Children)
+      .def("node_data", &PyTreeDef::NodeData,
+           "Returns None if a leaf-pytree, else (type, node_data)",
+           nb::sig("def node_data(self) -> tuple[type, Any] | None"))
+      .def_static(
+          "from_node_data_and_children", &PyTreeDef::FromNodeDataAndChildren,
+          nb::arg("registry"), nb::arg("node_data").none(), nb::arg("children"),
+          "Reconstructs a pytree from `node_data()` and `children()`.",
+          nb::sig("def from_node_data_and_children(registry: PyTreeRegistry, "
+                  "node_data: tuple[type, Any] | None, children: "
+                  "Iterable[PyTreeDef]) -> PyTreeDef"))
+      .def_prop_ro("num_leaves", &PyTreeDef::num_leaves)
+      .def_prop_ro("num_nodes", &PyTreeDef::num_nodes)
+      .def("__repr__", &PyTreeDef::ToString)
+      .def(
+          "__eq__",
+          [](const PyTreeDef& self, nb::handle other) {
+            return nb::isinstance<PyTreeDef>(other) &&
+                   self.Equals(nb::cast<const PyTreeDef&>(other));
+          },
+          nb::arg().none())
+      .def(
+          "__ne__",
+          [](const PyTreeDef& self, nb::handle other) {
+            return nb::isinstance<PyTreeDef>(other) &&
+                   !self.Equals(nb::cast<const PyTreeDef&>(other));
+          },
+          nb::arg().none())
+      .def("__hash__", &PyTreeDef::Hash)
+      .def("serialize_using_proto", &PyTreeDef::SerializeUsingProto)
+      .def_static("deserialize_using_proto", &PyTreeDef::DeserializeUsingProto,
+                  nb::arg("registry"), nb::arg("data"))
+      .def("__getstate__", &PyTreeDef::GetState)
+      .def("__setstate__", [](PyTreeDef& self, nb::handle state) {
+        // Built aside first, so that a bad state leaves `self` uninitialized
+        // (nanobind then never runs its destructor) rather than half-built.
+        PyTreeDef restored(nullptr, nb::object());
+        restored.SetState(state);
+        new (&self) PyTreeDef(std::move(restored));
+      });
+
+  m.attr("_default_registry") = m.attr("PyTreeRegistry")();
+  default_registry_ref = m.attr("_default_registry");
+  m.def("default_registry",
+        []() { return nb::borrow(default_registry_ref); },
+        nb::sig("def default_registry() -> PyTreeRegistry"));
+  m.def("treedef_tuple", &PyTreeDef::Tuple, nb::arg("registry"), nb::arg(),
+        nb::sig("def treedef_tuple(registry: PyTreeRegistry, arg0: "
+                "Sequence[PyTreeDef], /) -> PyTreeDef"));
+  m.def("all_leaves", &AllLeaves,
+        nb::sig("def all_leaves(arg0: PyTreeRegistry, arg1: "
+                "collections.abc.Iterable, /) -> bool"));
+}
+
+}  // namespace jaxlib_patch

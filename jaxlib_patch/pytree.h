@@ -1,0 +1,216 @@
+// A drop-in replacement for the `pytree` submodule of jaxlib._jax, extended
+// with relative identities: nodes of classes registered with
+// `preserve_relative_identities=True` that occur several times in one flatten
+// are recorded once, and every later occurrence becomes a reference to the
+// first. Unflattening builds each shared node once and reuses it.
+//
+// A treedef is a post-order traversal: one `Node` per node or leaf, children
+// before their parent. A reference is a node with no children whose
+// `shared_distance` says how many positions earlier in the traversal its
+// target lies. Distances rather than absolute indices keep a slice of the
+// traversal (a child treedef) meaningful, and keep concatenations of slices
+// (from_node_data_and_children, treedef_tuple) equal to the original.
+
+#ifndef JAXLIB_PATCH_PYTREE_H_
+#define JAXLIB_PATCH_PYTREE_H_
+
+#include <Python.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+namespace jaxlib_patch {
+
+namespace nb = nanobind;
+
+// Values match stock jaxlib: they appear in pickled treedefs.
+enum class PyTreeKind : int {
+  kLeaf = 0,
+  kNone = 1,
+  kTuple = 2,
+  kNamedTuple = 3,
+  kList = 4,
+  kDict = 5,
+  kCustom = 6,
+  kDataclass = 7,
+};
+
+class PyTreeRegistry {
+ public:
+  struct Registration {
+    PyTreeKind kind;
+    nb::object type;
+    // kCustom only.
+    nb::object to_iterable;
+    nb::object from_iterable;
+    nb::object to_iterable_with_keys;  // None when not given.
+    // kDataclass only.
+    std::vector<nb::str> data_fields;
+    std::vector<nb::str> meta_fields;
+    bool preserve_relative_identities = false;
+  };
+
+  PyTreeRegistry(bool enable_none, bool enable_tuple, bool enable_namedtuple,
+                 bool enable_list, bool enable_dict);
+
+  void RegisterNode(nb::object type, nb::object to_iterable,
+                    nb::object from_iterable, nb::object to_iterable_with_keys,
+                    bool preserve_relative_identities);
+  void RegisterDataclassNode(nb::object type, std::vector<nb::str> data_fields,
+                             std::vector<nb::str> meta_fields,
+                             bool preserve_relative_identities);
+
+  // The registration of exactly `type` (subclasses are not looked through),
+  // or nullptr.
+  const Registration* Lookup(PyTypeObject* type) const;
+
+  // How objects of `type` flatten (kLeaf if not at all). Sets `*custom` for
+  // kCustom and kDataclass.
+  PyTreeKind KindOfType(PyTypeObject* type, const Registration** custom) const;
+  PyTreeKind KindOfObject(nb::handle obj, const Registration** custom) const {
+    return KindOfType(Py_TYPE(obj.ptr()), custom);
+  }
+
+  bool IsNode(nb::handle type) const;
+
+  int Traverse(visitproc visit, void* arg) const;
+
+ private:
+  void Insert(std::unique_ptr<Registration> registration);
+
+  bool enable_none_, enable_tuple_, enable_namedtuple_, enable_list_,
+      enable_dict_;
+  // Registrations are never removed, so the pointers handed out stay valid
+  // for the registry's lifetime (treedefs keep their registry alive).
+  std::unordered_map<PyTypeObject*, std::unique_ptr<Registration>>
+      registrations_;
+  mutable nb::ft_mutex mutex_;
+};
+
+inline bool PreservesIdentity(const PyTreeRegistry::Registration* custom) {
+  return custom != nullptr && custom->preserve_relative_identities;
+}
+
+struct Node {
+  PyTreeKind kind = PyTreeKind::kLeaf;
+  Py_ssize_t arity = 0;
+  // tuple/list/None: null. dict: the sorted list of keys. namedtuple: its
+  // type. custom: the aux data. dataclass: the tuple of meta field values.
+  // A reference: null (the target holds it).
+  nb::object node_data;
+  const PyTreeRegistry::Registration* custom = nullptr;
+  Py_ssize_t num_leaves = 0;
+  Py_ssize_t num_nodes = 0;
+  // 0 for an ordinary node; d > 0 for a reference to the node d positions
+  // earlier. A reference whose target lies before the start of its own
+  // treedef (a child treedef cut out of a larger one) is "external".
+  Py_ssize_t shared_distance = 0;
+
+  bool is_reference() const { return shared_distance != 0; }
+};
+
+// Marker returned by `node_data()` for a treedef whose root is a reference:
+// `(type, SharedReference(distance))`. `from_node_data_and_children` turns it
+// back into a reference.
+struct SharedReference {
+  Py_ssize_t distance;
+};
+
+class PyTreeDef {
+ public:
+  PyTreeDef(PyTreeRegistry* registry, nb::object registry_ref)
+      : registry_(registry), registry_ref_(std::move(registry_ref)) {}
+
+  // --- flatten.cc
+  static std::pair<nb::list, nb::object> Flatten(
+      PyTreeRegistry* registry, nb::object registry_ref, nb::handle tree,
+      std::optional<nb::callable> leaf_predicate);
+  static std::pair<nb::list, nb::object> FlattenWithPath(
+      PyTreeRegistry* registry, nb::object registry_ref, nb::handle tree,
+      std::optional<nb::callable> leaf_predicate);
+  nb::list FlattenUpTo(nb::handle tree) const;
+
+  // --- unflatten.cc
+  nb::object Unflatten(nb::iterable leaves) const;
+  nb::object Walk(const nb::callable& f_node, nb::handle f_leaf,
+                  nb::iterable leaves) const;
+  nb::object FromIterableTree(nb::handle tree) const;
+
+  // --- treedef_ops.cc
+  Py_ssize_t num_leaves() const;
+  Py_ssize_t num_nodes() const { return traversal_.size(); }
+  bool Equals(const PyTreeDef& other) const;
+  size_t Hash() const;
+  std::string ToString() const;
+  std::vector<nb::object> Children() const;
+  nb::object NodeData() const;
+  nb::object Compose(const PyTreeDef& inner) const;
+  static nb::object FromNodeDataAndChildren(nb::object registry_ref,
+                                            nb::handle node_data,
+                                            nb::iterable children);
+  static nb::object Tuple(nb::object registry_ref, nb::list treedefs);
+  // The key path from the root to the node at `index`, for error messages.
+  std::string PathTo(Py_ssize_t index) const;
+
+  // --- serialization.cc
+  nb::object GetState() const;
+  void SetState(nb::handle state);
+  nb::bytes SerializeUsingProto() const;
+  static nb::object DeserializeUsingProto(nb::object registry_ref,
+                                          nb::bytes data);
+
+  // --- GC support (module.cc)
+  int Traverse(visitproc visit, void* arg) const;
+  void Clear();
+
+  const std::vector<Node>& traversal() const { return traversal_; }
+  std::vector<Node>& mutable_traversal() { return traversal_; }
+  PyTreeRegistry* registry() const;
+  const nb::object& registry_ref() const { return registry_ref_; }
+
+  // Checks that every reference lands on a node that can be shared (or
+  // outside the traversal), and recomputes each node's counts from the arities;
+  // raises ValueError on a malformed traversal. For traversals assembled from
+  // untrusted pieces (pickles, protos, children).
+  void Validate();
+
+  // Indices of the roots of the children of the node at `index`, in order.
+  std::vector<Py_ssize_t> ChildIndices(Py_ssize_t index) const;
+
+ private:
+  PyTreeRegistry* registry_;
+  nb::object registry_ref_;
+  std::vector<Node> traversal_;
+};
+
+// Wraps a PyTreeDef built in C++ into its Python object.
+nb::object WrapTreeDef(PyTreeDef&& treedef);
+
+// Raises ValueError unless `obj` is a PyTreeDef; returns it.
+PyTreeDef& CastTreeDef(nb::handle obj);
+
+// The Python names of builtin node types, used by repr and errors.
+std::string TypeName(nb::handle type);
+
+// Sorts a dict's keys the way every operation here orders them.
+nb::list SortedDictKeys(nb::handle dict);
+
+// PyTreeRegistry.flatten_one_level(_with_keys) and all_leaves.
+nb::object FlattenOneLevel(const PyTreeRegistry& registry, nb::handle tree);
+nb::object FlattenOneLevelWithKeys(const PyTreeRegistry& registry,
+                                   nb::handle tree);
+bool AllLeaves(const PyTreeRegistry& registry, nb::iterable objects);
+
+// Builds the Python object for `node` from its already-built children.
+nb::object MakeNode(const Node& node, nb::object* children);
+
+}  // namespace jaxlib_patch
+
+#endif  // JAXLIB_PATCH_PYTREE_H_

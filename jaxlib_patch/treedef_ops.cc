@@ -1,0 +1,443 @@
+// Operations on treedefs themselves: counts, equality, hash, repr, children,
+// node_data, compose, from_node_data_and_children, treedef_tuple, validation.
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "jaxlib_patch/pytree.h"
+
+namespace jaxlib_patch {
+
+namespace {
+
+std::string Str(nb::handle obj) { return nb::cast<std::string>(nb::str(obj)); }
+std::string Repr(nb::handle obj) { return nb::cast<std::string>(nb::repr(obj)); }
+
+size_t HashCombine(size_t seed, size_t value) {
+  return seed ^ (value + 0x9e3779b97f4a7c15ULL + (seed << 6) + (seed >> 2));
+}
+
+nb::object TypeOf(const Node& node) {
+  switch (node.kind) {
+    case PyTreeKind::kLeaf:
+      return nb::none();
+    case PyTreeKind::kNone:
+      return nb::borrow(reinterpret_cast<PyObject*>(Py_TYPE(Py_None)));
+    case PyTreeKind::kTuple:
+      return nb::borrow(reinterpret_cast<PyObject*>(&PyTuple_Type));
+    case PyTreeKind::kList:
+      return nb::borrow(reinterpret_cast<PyObject*>(&PyList_Type));
+    case PyTreeKind::kDict:
+      return nb::borrow(reinterpret_cast<PyObject*>(&PyDict_Type));
+    case PyTreeKind::kNamedTuple:
+      return node.node_data;
+    case PyTreeKind::kCustom:
+    case PyTreeKind::kDataclass:
+      return node.custom->type;
+  }
+  throw std::logic_error("Unknown PyTreeKind");
+}
+
+}  // namespace
+
+std::string TypeName(nb::handle type) { return Str(type.attr("__name__")); }
+
+PyTreeRegistry* PyTreeDef::registry() const {
+  if (registry_ == nullptr) {
+    throw nb::value_error("This PyTreeDef was cleared by the garbage collector.");
+  }
+  return registry_;
+}
+
+Py_ssize_t PyTreeDef::num_leaves() const {
+  return traversal_.empty() ? 0 : traversal_.back().num_leaves;
+}
+
+bool PyTreeDef::Equals(const PyTreeDef& other) const {
+  if (traversal_.size() != other.traversal_.size()) return false;
+  for (size_t i = 0; i < traversal_.size(); ++i) {
+    const Node& a = traversal_[i];
+    const Node& b = other.traversal_[i];
+    if (a.kind != b.kind || a.arity != b.arity || a.custom != b.custom ||
+        a.shared_distance != b.shared_distance ||
+        a.node_data.is_valid() != b.node_data.is_valid()) {
+      return false;
+    }
+    if (a.node_data.is_valid() && a.node_data.not_equal(b.node_data)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+size_t PyTreeDef::Hash() const {
+  // Node data is left out: it need not be hashable, and equal treedefs still
+  // hash alike.
+  size_t hash = traversal_.size();
+  for (const Node& node : traversal_) {
+    hash = HashCombine(hash, static_cast<size_t>(node.kind));
+    hash = HashCombine(hash, node.arity);
+    hash = HashCombine(hash, reinterpret_cast<uintptr_t>(node.custom));
+    hash = HashCombine(hash, node.shared_distance);
+  }
+  return hash;
+}
+
+std::vector<Py_ssize_t> PyTreeDef::ChildIndices(Py_ssize_t index) const {
+  const Node& node = traversal_[index];
+  std::vector<Py_ssize_t> children(node.arity);
+  Py_ssize_t child = index - 1;
+  for (Py_ssize_t k = node.arity - 1; k >= 0; --k) {
+    children[k] = child;
+    child -= traversal_[child].num_nodes;
+  }
+  return children;
+}
+
+std::string PyTreeDef::ToString() const {
+  // Shared nodes are labelled in reading order, SRFI-38 style: the first
+  // occurrence prints as `#1=CustomNode(...)`, later ones as `#1#`. A
+  // reference to a node outside this treedef prints as `#^d#`, d positions
+  // back.
+  std::vector<int> label(traversal_.size(), 0);
+  std::vector<Py_ssize_t> targets;
+  for (size_t i = 0; i < traversal_.size(); ++i) {
+    const Py_ssize_t distance = traversal_[i].shared_distance;
+    if (distance != 0 && distance <= static_cast<Py_ssize_t>(i)) {
+      targets.push_back(i - distance);
+    }
+  }
+  if (!targets.empty()) {
+    // A node's position in reading (pre-)order is the start of its subtree
+    // in the post-order traversal plus its depth.
+    std::vector<Py_ssize_t> depth(traversal_.size(), 0);
+    std::vector<std::pair<Py_ssize_t, Py_ssize_t>> open;  // (children left, depth)
+    for (Py_ssize_t i = traversal_.size() - 1; i >= 0; --i) {
+      while (!open.empty() && open.back().first == 0) open.pop_back();
+      if (!open.empty()) {
+        depth[i] = open.back().second;
+        --open.back().first;
+      }
+      if (traversal_[i].arity > 0) {
+        open.push_back({traversal_[i].arity, depth[i] + 1});
+      }
+    }
+    auto reading_position = [&](Py_ssize_t i) {
+      return i - traversal_[i].num_nodes + 1 + depth[i];
+    };
+    std::sort(targets.begin(), targets.end(), [&](Py_ssize_t a, Py_ssize_t b) {
+      return reading_position(a) < reading_position(b);
+    });
+    targets.erase(std::unique(targets.begin(), targets.end()), targets.end());
+    for (size_t k = 0; k < targets.size(); ++k) label[targets[k]] = k + 1;
+  }
+
+  std::vector<std::string> agenda;
+  for (size_t i = 0; i < traversal_.size(); ++i) {
+    const Node& node = traversal_[i];
+    if (node.is_reference()) {
+      agenda.push_back(node.shared_distance <= static_cast<Py_ssize_t>(i)
+                           ? "#" + std::to_string(label[i - node.shared_distance]) + "#"
+                           : "#^" + std::to_string(node.shared_distance) + "#");
+      continue;
+    }
+    if (static_cast<Py_ssize_t>(agenda.size()) < node.arity) {
+      throw std::logic_error("Too few elements for PyTreeDef node.");
+    }
+    auto first = agenda.end() - node.arity;
+    auto join = [&](const char* separator) {
+      std::string joined;
+      for (auto it = first; it != agenda.end(); ++it) {
+        if (it != first) joined += separator;
+        joined += *it;
+      }
+      return joined;
+    };
+    std::string text;
+    switch (node.kind) {
+      case PyTreeKind::kLeaf:
+        text = "*";
+        break;
+      case PyTreeKind::kNone:
+        text = "None";
+        break;
+      case PyTreeKind::kTuple:
+        text = "(" + join(", ") + (node.arity == 1 ? ",)" : ")");
+        break;
+      case PyTreeKind::kList:
+        text = "[" + join(", ") + "]";
+        break;
+      case PyTreeKind::kDict: {
+        text = "{";
+        for (Py_ssize_t k = 0; k < node.arity; ++k) {
+          if (k > 0) text += ", ";
+          text += Repr(PyList_GET_ITEM(node.node_data.ptr(), k)) + ": " +
+                  first[k];
+        }
+        text += "}";
+        break;
+      }
+      case PyTreeKind::kNamedTuple:
+        text = "CustomNode(namedtuple[" + TypeName(node.node_data) + "], [" +
+               join(", ") + "])";
+        break;
+      case PyTreeKind::kCustom:
+      case PyTreeKind::kDataclass:
+        text = "CustomNode(" + TypeName(node.custom->type) + "[" +
+               Str(node.node_data) + "], [" + join(", ") + "])";
+        break;
+    }
+    if (label[i] != 0) text = "#" + std::to_string(label[i]) + "=" + text;
+    agenda.erase(first, agenda.end());
+    agenda.push_back(std::move(text));
+  }
+  if (agenda.size() != 1) {
+    throw std::logic_error("PyTreeDef traversal did not yield a singleton.");
+  }
+  return "PyTreeDef(" + agenda.back() + ")";
+}
+
+std::string PyTreeDef::PathTo(Py_ssize_t index) const {
+  std::string path = "tree";
+  Py_ssize_t at = traversal_.size() - 1;
+  while (at != index) {
+    const Node& node = traversal_[at];
+    std::vector<Py_ssize_t> children = ChildIndices(at);
+    size_t k = 0;
+    while (children[k] < index) ++k;  // The child whose subtree holds index.
+    switch (node.kind) {
+      case PyTreeKind::kDict:
+        path += "[" + Repr(PyList_GET_ITEM(node.node_data.ptr(), k)) + "]";
+        break;
+      case PyTreeKind::kNamedTuple:
+        path += "." + Str(node.node_data.attr("_fields")[k]);
+        break;
+      case PyTreeKind::kDataclass:
+        path += "." + Str(node.custom->data_fields[k]);
+        break;
+      case PyTreeKind::kCustom:
+        path += "[<flat index " + std::to_string(k) + ">]";
+        break;
+      default:
+        path += "[" + std::to_string(k) + "]";
+        break;
+    }
+    at = children[k];
+  }
+  return path;
+}
+
+std::vector<nb::object> PyTreeDef::Children() const {
+  std::vector<nb::object> children;
+  if (traversal_.empty()) return children;
+  for (Py_ssize_t root : ChildIndices(traversal_.size() - 1)) {
+    PyTreeDef child(registry_, registry_ref_);
+    const Py_ssize_t start = root - traversal_[root].num_nodes + 1;
+    child.traversal_.assign(traversal_.begin() + start,
+                            traversal_.begin() + root + 1);
+    children.push_back(WrapTreeDef(std::move(child)));
+  }
+  return children;
+}
+
+nb::object PyTreeDef::NodeData() const {
+  const Node& root = traversal_.back();
+  if (root.kind == PyTreeKind::kLeaf) return nb::none();
+  nb::object data;
+  if (root.is_reference()) {
+    data = nb::cast(SharedReference{root.shared_distance});
+  } else if (root.kind == PyTreeKind::kDict) {
+    data = nb::list(root.node_data);  // A copy: the treedef stays immutable.
+  } else if (root.kind == PyTreeKind::kCustom ||
+             root.kind == PyTreeKind::kDataclass) {
+    data = root.node_data;
+  } else {
+    data = nb::none();
+  }
+  return nb::make_tuple(TypeOf(root), data);
+}
+
+nb::object PyTreeDef::Compose(const PyTreeDef& inner) const {
+  if (registry_ != inner.registry_) {
+    throw nb::value_error(
+        "PyTree registries of PyTreeDefs passed to Compose() must match.");
+  }
+  auto refers_outside = [](const std::vector<Node>& traversal) {
+    for (size_t i = 0; i < traversal.size(); ++i) {
+      if (traversal[i].shared_distance > static_cast<Py_ssize_t>(i)) return true;
+    }
+    return false;
+  };
+  if (refers_outside(traversal_) || refers_outside(inner.traversal_)) {
+    throw nb::value_error(
+        "Cannot compose PyTreeDefs that refer to shared nodes outside of "
+        "them.");
+  }
+  // Each leaf of the outer treedef becomes a copy of the inner one (with its
+  // own shared nodes); references of the outer one are re-aimed at the new
+  // positions of their targets.
+  PyTreeDef composed(registry_, registry_ref_);
+  std::vector<Node>& out = composed.traversal_;
+  std::vector<Py_ssize_t> new_position(traversal_.size());
+  for (size_t i = 0; i < traversal_.size(); ++i) {
+    const Node& node = traversal_[i];
+    if (node.kind == PyTreeKind::kLeaf) {
+      out.insert(out.end(), inner.traversal_.begin(), inner.traversal_.end());
+    } else {
+      out.push_back(node);
+      if (node.is_reference()) {
+        out.back().shared_distance =
+            out.size() - 1 - new_position[i - node.shared_distance];
+      }
+    }
+    new_position[i] = out.size() - 1;
+  }
+  composed.Validate();
+  return WrapTreeDef(std::move(composed));
+}
+
+nb::object PyTreeDef::FromNodeDataAndChildren(nb::object registry_ref,
+                                              nb::handle node_data,
+                                              nb::iterable children) {
+  PyTreeRegistry* registry = nb::cast<PyTreeRegistry*>(registry_ref);
+  PyTreeDef treedef(registry, registry_ref);
+  Node node;
+  for (nb::handle child : children) {
+    const PyTreeDef& child_treedef = nb::cast<const PyTreeDef&>(child);
+    treedef.traversal_.insert(treedef.traversal_.end(),
+                              child_treedef.traversal_.begin(),
+                              child_treedef.traversal_.end());
+    ++node.arity;
+  }
+  if (!node_data.is_none()) {
+    nb::tuple pair = nb::cast<nb::tuple>(node_data);
+    if (pair.size() != 2) {
+      throw nb::value_error("node_data must be None or a (type, data) pair.");
+    }
+    nb::handle type = pair[0];
+    nb::object data = pair[1];
+    auto* py_type = reinterpret_cast<PyTypeObject*>(type.ptr());
+    if (!PyType_Check(type.ptr())) {
+      throw nb::type_error(("Expected a type, got " + Repr(type) + ".").c_str());
+    }
+    node.kind = registry->KindOfType(py_type, &node.custom);
+    if (node.kind == PyTreeKind::kLeaf) {
+      throw std::runtime_error("Could not find type: " + Repr(type) + ".");
+    }
+    if (nb::isinstance<SharedReference>(data)) {
+      if (!PreservesIdentity(node.custom)) {
+        throw nb::value_error(("Cannot make a shared reference to " +
+                               Repr(type) +
+                               ": it is not registered with "
+                               "preserve_relative_identities=True.")
+                                  .c_str());
+      }
+      node.shared_distance = nb::cast<SharedReference>(data).distance;
+    } else if (node.kind == PyTreeKind::kDict) {
+      node.node_data = nb::list(data);
+    } else if (node.kind == PyTreeKind::kNamedTuple) {
+      node.node_data = nb::borrow(type);
+    } else if (node.kind == PyTreeKind::kCustom ||
+               node.kind == PyTreeKind::kDataclass) {
+      node.node_data = data;
+    }
+  }
+  treedef.traversal_.push_back(std::move(node));
+  treedef.Validate();
+  return WrapTreeDef(std::move(treedef));
+}
+
+nb::object PyTreeDef::Tuple(nb::object registry_ref, nb::list treedefs) {
+  PyTreeRegistry* registry = nb::cast<PyTreeRegistry*>(registry_ref);
+  PyTreeDef tuple(registry, registry_ref);
+  Node node;
+  node.kind = PyTreeKind::kTuple;
+  for (nb::handle item : treedefs) {
+    const PyTreeDef& treedef = nb::cast<const PyTreeDef&>(item);
+    if (treedef.registry_ != registry) {
+      throw nb::value_error(
+          "PyTree registries of PyTreeDefs passed to Tuple() must match.");
+    }
+    tuple.traversal_.insert(tuple.traversal_.end(), treedef.traversal_.begin(),
+                            treedef.traversal_.end());
+    ++node.arity;
+  }
+  tuple.traversal_.push_back(std::move(node));
+  tuple.Validate();
+  return WrapTreeDef(std::move(tuple));
+}
+
+void PyTreeDef::Validate() {
+  auto fail = [](const std::string& message) {
+    throw nb::value_error(("Malformed PyTreeDef: " + message).c_str());
+  };
+  // (num_leaves, num_nodes) of the subtrees not yet claimed by a parent.
+  std::vector<std::pair<Py_ssize_t, Py_ssize_t>> open;
+  for (size_t i = 0; i < traversal_.size(); ++i) {
+    Node& node = traversal_[i];
+    if (node.arity < 0 || node.arity > static_cast<Py_ssize_t>(open.size())) {
+      throw std::runtime_error("PyTreeDef traversal did not yield a singleton.");
+    }
+    Py_ssize_t leaves = node.kind == PyTreeKind::kLeaf ? 1 : 0;
+    Py_ssize_t nodes = 1;
+    for (Py_ssize_t k = 0; k < node.arity; ++k) {
+      leaves += open.back().first;
+      nodes += open.back().second;
+      open.pop_back();
+    }
+    switch (node.kind) {
+      case PyTreeKind::kLeaf:
+      case PyTreeKind::kNone:
+        if (node.arity != 0) fail("a leaf or None with children");
+        break;
+      case PyTreeKind::kTuple:
+      case PyTreeKind::kList:
+        break;
+      case PyTreeKind::kDict:
+        if (!PyList_Check(node.node_data.ptr()) ||
+            PyList_GET_SIZE(node.node_data.ptr()) != node.arity) {
+          throw std::runtime_error("Number of keys and entries does not match.");
+        }
+        break;
+      case PyTreeKind::kNamedTuple:
+        if (!node.node_data.is_valid() || !PyType_Check(node.node_data.ptr())) {
+          fail("a namedtuple node without its type");
+        }
+        break;
+      case PyTreeKind::kCustom:
+      case PyTreeKind::kDataclass:
+        if (node.custom == nullptr || node.custom->kind != node.kind) {
+          fail("a custom node without a matching registration");
+        }
+        if (node.kind == PyTreeKind::kDataclass && !node.is_reference() &&
+            (static_cast<size_t>(node.arity) != node.custom->data_fields.size() ||
+             !PyTuple_Check(node.node_data.ptr()) ||
+             static_cast<size_t>(PyTuple_GET_SIZE(node.node_data.ptr())) !=
+                 node.custom->meta_fields.size())) {
+          fail("a dataclass node whose fields do not match its registration");
+        }
+        break;
+    }
+    if (node.is_reference()) {
+      if (node.shared_distance < 0 || node.arity != 0 ||
+          !PreservesIdentity(node.custom)) {
+        fail("a shared reference that is not an opted-in node");
+      }
+      if (node.shared_distance <= static_cast<Py_ssize_t>(i)) {
+        const Node& target = traversal_[i - node.shared_distance];
+        if (target.is_reference() || target.custom != node.custom) {
+          fail("a shared reference whose target is not a node of its type");
+        }
+      }
+    }
+    node.num_leaves = leaves;
+    node.num_nodes = nodes;
+    open.push_back({leaves, nodes});
+  }
+  if (open.size() != 1) {
+    throw std::runtime_error("PyTreeDef traversal did not yield a singleton.");
+  }
+}
+
+}  // namespace jaxlib_patch

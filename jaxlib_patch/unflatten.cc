@@ -1,0 +1,202 @@
+// Building objects from a treedef: PyTreeDef.unflatten, walk and
+// from_iterable_tree. All three run the traversal forwards, building each node
+// from its children, and build a shared node once.
+
+#include <string>
+#include <utility>
+
+#include "jaxlib_patch/pytree.h"
+
+namespace jaxlib_patch {
+
+// Moves `children[0:n]` into a new tuple.
+static nb::object TupleOf(nb::object* children, Py_ssize_t n) {
+  nb::object tuple = nb::steal(PyTuple_New(n));
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyTuple_SET_ITEM(tuple.ptr(), i, children[i].release().ptr());
+  }
+  return tuple;
+}
+
+nb::object MakeNode(const Node& node, nb::object* children) {
+  switch (node.kind) {
+    case PyTreeKind::kNone:
+      return nb::none();
+    case PyTreeKind::kTuple:
+      return TupleOf(children, node.arity);
+    case PyTreeKind::kList: {
+      nb::object list = nb::steal(PyList_New(node.arity));
+      for (Py_ssize_t i = 0; i < node.arity; ++i) {
+        PyList_SET_ITEM(list.ptr(), i, children[i].release().ptr());
+      }
+      return list;
+    }
+    case PyTreeKind::kDict: {
+      nb::dict dict;
+      for (Py_ssize_t i = 0; i < node.arity; ++i) {
+        dict[PyList_GET_ITEM(node.node_data.ptr(), i)] = children[i];
+      }
+      return std::move(dict);
+    }
+    case PyTreeKind::kNamedTuple: {
+      nb::object args = TupleOf(children, node.arity);
+      PyObject* result = PyObject_Call(node.node_data.ptr(), args.ptr(), nullptr);
+      if (result == nullptr) throw nb::python_error();
+      return nb::steal(result);
+    }
+    case PyTreeKind::kCustom: {
+      nb::object args = TupleOf(children, node.arity);
+      return node.custom->from_iterable(node.node_data, args);
+    }
+    case PyTreeKind::kDataclass: {
+      nb::dict kwargs;
+      const auto& data_fields = node.custom->data_fields;
+      const auto& meta_fields = node.custom->meta_fields;
+      for (size_t i = 0; i < data_fields.size(); ++i) {
+        kwargs[data_fields[i]] = children[i];
+      }
+      for (size_t i = 0; i < meta_fields.size(); ++i) {
+        kwargs[meta_fields[i]] = nb::handle(
+            PyTuple_GET_ITEM(node.node_data.ptr(), i));
+      }
+      PyObject* empty = PyTuple_New(0);
+      PyObject* result =
+          PyObject_Call(node.custom->type.ptr(), empty, kwargs.ptr());
+      Py_DECREF(empty);
+      if (result == nullptr) throw nb::python_error();
+      return nb::steal(result);
+    }
+    case PyTreeKind::kLeaf:
+      break;
+  }
+  throw std::logic_error("MakeNode called on a leaf");
+}
+
+namespace {
+
+[[noreturn]] void ThrowExternalReference() {
+  throw nb::value_error(
+      "This PyTreeDef refers to a shared node outside of it (it was cut out "
+      "of a larger treedef by children()); rebuild the whole treedef with "
+      "from_node_data_and_children or treedef_tuple before using it.");
+}
+
+// Runs the traversal forwards: `leaf(i)` gives the object of the leaf at
+// position i, `node(n, children)` builds a node from its children. The object
+// built for an opted-in node is remembered, and every reference to it gets
+// that same object.
+template <typename LeafFn, typename NodeFn>
+nb::object BuildBottomUp(const std::vector<Node>& traversal, LeafFn&& leaf,
+                         NodeFn&& node_fn) {
+  std::vector<nb::object> agenda;
+  // Indexed by position; allocated at the first opted-in node, which comes
+  // before any reference to it.
+  std::vector<nb::object> shared;
+  for (size_t i = 0; i < traversal.size(); ++i) {
+    const Node& node = traversal[i];
+    if (node.kind == PyTreeKind::kLeaf) {
+      agenda.push_back(leaf(i));
+      continue;
+    }
+    if (node.is_reference()) {
+      if (node.shared_distance > static_cast<Py_ssize_t>(i)) {
+        ThrowExternalReference();
+      }
+      const size_t target = i - node.shared_distance;
+      if (target >= shared.size() || !shared[target].is_valid()) {
+        throw std::logic_error("Reference to a node that was not built");
+      }
+      agenda.push_back(shared[target]);
+      continue;
+    }
+    if (static_cast<Py_ssize_t>(agenda.size()) < node.arity) {
+      throw std::logic_error("Too few elements for PyTreeDef node");
+    }
+    nb::object built = node_fn(node, agenda.data() + agenda.size() - node.arity);
+    agenda.resize(agenda.size() - node.arity);
+    if (PreservesIdentity(node.custom)) {
+      if (shared.empty()) shared.resize(traversal.size());
+      shared[i] = built;
+    }
+    agenda.push_back(std::move(built));
+  }
+  if (agenda.size() != 1) {
+    throw std::logic_error("PyTreeDef traversal did not yield a singleton.");
+  }
+  return std::move(agenda.back());
+}
+
+// The leaves as a sequence whose length has been checked against the treedef.
+nb::object CheckedLeaves(nb::iterable leaves, Py_ssize_t expected) {
+  nb::object sequence = nb::steal(
+      PySequence_Fast(leaves.ptr(), "leaves must be an iterable"));
+  if (!sequence.is_valid()) throw nb::python_error();
+  const Py_ssize_t got = PySequence_Fast_GET_SIZE(sequence.ptr());
+  if (got < expected) {
+    throw nb::value_error(("Too few leaves for PyTreeDef; expected " +
+                           std::to_string(expected) + ", got " +
+                           std::to_string(got))
+                              .c_str());
+  }
+  if (got > expected) {
+    throw nb::value_error(("Too many leaves for PyTreeDef; expected " +
+                           std::to_string(expected) + ".")
+                              .c_str());
+  }
+  return sequence;
+}
+
+}  // namespace
+
+nb::object PyTreeDef::Unflatten(nb::iterable leaves) const {
+  nb::object sequence = CheckedLeaves(leaves, num_leaves());
+  PyObject** items = PySequence_Fast_ITEMS(sequence.ptr());
+  Py_ssize_t next = 0;
+  return BuildBottomUp(
+      traversal_, [&](size_t) { return nb::borrow(items[next++]); },
+      [](const Node& node, nb::object* children) {
+        return MakeNode(node, children);
+      });
+}
+
+nb::object PyTreeDef::Walk(const nb::callable& f_node, nb::handle f_leaf,
+                           nb::iterable leaves) const {
+  nb::object sequence = CheckedLeaves(leaves, num_leaves());
+  PyObject** items = PySequence_Fast_ITEMS(sequence.ptr());
+  Py_ssize_t next = 0;
+  return BuildBottomUp(
+      traversal_,
+      [&](size_t) { return f_leaf(nb::handle(items[next++])); },
+      [&](const Node& node, nb::object* children) {
+        nb::object tuple = TupleOf(children, node.arity);
+        return f_node(tuple, node.node_data.is_valid() ? node.node_data
+                                                       : nb::none());
+      });
+}
+
+nb::object PyTreeDef::FromIterableTree(nb::handle tree) const {
+  // First, top-down, the object that stands at each position of the
+  // traversal; then the objects are built bottom-up as by unflatten.
+  std::vector<nb::object> at(traversal_.size());
+  std::vector<nb::object> agenda;
+  agenda.push_back(nb::borrow(tree));
+  for (Py_ssize_t i = traversal_.size() - 1; i >= 0; --i) {
+    const Node& node = traversal_[i];
+    at[i] = std::move(agenda.back());
+    agenda.pop_back();
+    if (node.kind == PyTreeKind::kLeaf || node.is_reference()) continue;
+    std::vector<nb::object> items;
+    for (nb::handle item : nb::iter(at[i])) items.push_back(nb::borrow(item));
+    if (static_cast<Py_ssize_t>(items.size()) != node.arity) {
+      throw nb::value_error("Arity mismatch between trees");
+    }
+    for (nb::object& item : items) agenda.push_back(std::move(item));
+  }
+  return BuildBottomUp(
+      traversal_, [&](size_t i) { return std::move(at[i]); },
+      [](const Node& node, nb::object* children) {
+        return MakeNode(node, children);
+      });
+}
+
+}  // namespace jaxlib_patch

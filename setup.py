@@ -1,0 +1,40 @@
+"""Builds the C++ pytree module `jaxlib_patch.pytree` with setuptools.
+
+The same sources build with bazel (see WORKSPACE); both builds pass the same
+tests. Set JAXLIB_PATCH_SANITIZE=1 to build with AddressSanitizer and
+UndefinedBehaviorSanitizer (see docs/hardening.md).
+"""
+
+import glob
+import os
+
+import nanobind
+from setuptools import Extension, setup
+
+NANOBIND = os.path.dirname(nanobind.__file__)
+
+compile_args = ["-std=c++17", "-fvisibility=hidden", "-DNB_DOMAIN=jaxlib_patch"]
+link_args = []
+if os.environ.get("JAXLIB_PATCH_SANITIZE"):
+    sanitize = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer",
+                "-fno-sanitize-recover=undefined"]
+    compile_args += ["-O1", "-g"] + sanitize
+    link_args += sanitize
+else:
+    compile_args += ["-O2", "-DNDEBUG"]
+
+pytree = Extension(
+    "jaxlib_patch.pytree",
+    sources=sorted(glob.glob("jaxlib_patch/*.cc"))
+    + [os.path.join(NANOBIND, "src", "nb_combined.cpp")],
+    include_dirs=[
+        ".",
+        os.path.join(NANOBIND, "include"),
+        os.path.join(NANOBIND, "ext", "robin_map", "include"),
+    ],
+    extra_compile_args=compile_args,
+    extra_link_args=link_args,
+    language="c++",
+)
+
+setup(ext_modules=[pytree])
