@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Runs the whole test suite, from a bare machine (Python 3.11, pip, gcc) up:
+#   1. a virtual environment with what the tests need (stock jaxlib 0.10.2 for
+#      the differential tests, hypothesis, pytest, optree);
+#   2. the module built with setuptools (`pip install .`), then the tests;
+#   3. the module built with bazel (Debian's bazel-bootstrap), then the same
+#      tests against that build.
+# Usage: bash tests/run.sh [pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+venv=${JAXLIB_PATCH_VENV:-$root/.venv-test}
+python=${PYTHON:-python3}
+
+step() { printf '\n=== %s\n' "$*"; }
+
+step "virtual environment in $venv"
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+"$venv/bin/python" -m pip install -q --upgrade pip
+"$venv/bin/python" -m pip install -q -r tests/requirements.txt
+
+step "setuptools build (pip install .)"
+"$venv/bin/python" -m pip install -q --force-reinstall --no-deps .
+
+# Run from outside the checkout, so that the source folder jaxlib_patch/ (which
+# holds no built module) cannot shadow the build under test.
+run_suite() {
+  local label=$1; shift
+  step "tests against the $label build"
+  (cd "$root/tests" && "$venv/bin/python" -P -m pytest -p no:cacheprovider \
+      --rootdir="$root" -c "$root/pyproject.toml" "$root/tests" "$@")
+}
+JAXLIB_PATCH_EXPECT=site-packages run_suite setuptools "$@"
+
+step "bazel build"
+if ! command -v bazel >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq bazel-bootstrap >/dev/null
+  else
+    echo "bazel is missing: apt-get install -y bazel-bootstrap" >&2; exit 1
+  fi
+fi
+bazel_out=$root/build/bazel_out
+PYTHON="$venv/bin/python" build/bazel_module.sh "$bazel_out" >/dev/null
+PYTHONPATH="$bazel_out" JAXLIB_PATCH_EXPECT="$bazel_out" run_suite bazel "$@"
