@@ -8,6 +8,8 @@ UndefinedBehaviorSanitizer (see docs/hardening.md).
 import glob
 import os
 
+import sysconfig
+
 import nanobind
 from setuptools import Extension, setup
 
@@ -15,13 +17,17 @@ NANOBIND = os.path.dirname(nanobind.__file__)
 
 compile_args = ["-std=c++17", "-fvisibility=hidden", "-DNB_DOMAIN=jaxlib_patch"]
 link_args = []
+if sysconfig.get_config_var("Py_GIL_DISABLED"):
+    compile_args.append("-DNB_FREE_THREADED")
 if os.environ.get("JAXLIB_PATCH_SANITIZE"):
     sanitize = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer",
                 "-fno-sanitize-recover=undefined"]
     compile_args += ["-O1", "-g"] + sanitize
     link_args += sanitize
 else:
-    compile_args += ["-O2", "-DNDEBUG"]
+    # -g0 overrides the -g in Python's own CFLAGS: a 6 MB module shrinks to
+    # the size of the bazel build's.
+    compile_args += ["-O2", "-DNDEBUG", "-g0"]
 
 pytree = Extension(
     "jaxlib_patch.pytree",

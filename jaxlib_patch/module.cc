@@ -84,6 +84,9 @@ nb::object WrapTreeDef(PyTreeDef&& treedef) {
   return nb::cast(std::move(treedef));
 }
 
+// On free-threaded CPython the build defines NB_FREE_THREADED, which marks the
+// module as safe without the GIL: registries lock their registration table,
+// treedefs are immutable once built, and all other state is per call.
 NB_MODULE(pytree, m) {
   m.doc() = "Python tree library";
   // Registries and treedefs held by module globals are legitimately alive
