@@ -324,7 +324,8 @@ namespace {
 // own for a first occurrence, its target's for a reference.
 class SharingChecker {
  public:
-  explicit SharingChecker(const PyTreeDef& treedef) : treedef_(treedef) {}
+  explicit SharingChecker(const PyTreeDef& treedef)
+      : treedef_(treedef), claims_(treedef.traversal().size()) {}
 
   void Check(nb::handle obj, Py_ssize_t position) {
     const Node& node = treedef_.traversal()[position];
@@ -343,17 +344,18 @@ class SharingChecker {
            TypeName(nb::handle(reinterpret_cast<PyObject*>(
                Py_TYPE(obj.ptr())))) +
            " object at " + treedef_.PathTo(position) + " and at " +
-           treedef_.PathTo(owner->second) +
+           treedef_.PathTo(claims_[owner->second].position) +
            ", where the PyTreeDef has two separate nodes.")
               .c_str());
     }
-    auto [expected, new_canonical] =
-        expected_.try_emplace(canonical, Claim{nb::borrow(obj), position});
-    if (!new_canonical && !expected->second.object.is(obj)) {
+    Claim& claim = claims_[canonical];
+    if (!claim.object.is_valid()) {
+      claim = Claim{nb::borrow(obj), position};
+    } else if (!claim.object.is(obj)) {
       throw nb::value_error(
           ("PyTree sharing mismatch: the PyTreeDef shares the node at " +
            treedef_.PathTo(position) + " with the one at " +
-           treedef_.PathTo(expected->second.position) +
+           treedef_.PathTo(claim.position) +
            ", but the tree holds different objects there.")
               .c_str());
     }
@@ -361,14 +363,15 @@ class SharingChecker {
 
  private:
   const PyTreeDef& treedef_;
-  std::unordered_map<PyObject*, Py_ssize_t> owner_;
-  // The object expected at each canonical index, and the position that first
-  // showed it. Also keeps the objects alive, so no id is reused meanwhile.
+  // Which canonical index each object met so far stands for.
+  tsl::robin_map<PyObject*, Py_ssize_t> owner_;
+  // By canonical index: the object expected there, and the position that
+  // first showed it. Also keeps the objects alive, so no id is reused.
   struct Claim {
     nb::object object;
-    Py_ssize_t position;
+    Py_ssize_t position = 0;
   };
-  std::unordered_map<Py_ssize_t, Claim> expected_;
+  std::vector<Claim> claims_;
 };
 
 [[noreturn]] void ThrowMismatch(const std::string& message) {

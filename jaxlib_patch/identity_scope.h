@@ -4,8 +4,9 @@
 #define JAXLIB_PATCH_IDENTITY_SCOPE_H_
 
 #include <string>
-#include <unordered_map>
 #include <vector>
+
+#include <tsl/robin_map.h>
 
 #include "jaxlib_patch/pytree.h"
 
@@ -31,7 +32,9 @@ class IdentityScope {
   void Finish(nb::handle obj, Py_ssize_t index) { index_of_[obj.ptr()] = index; }
 
  private:
-  std::unordered_map<PyObject*, Py_ssize_t> index_of_;
+  // robin_map (shipped with nanobind): open addressing, no allocation per
+  // entry, which matters on the hot path of every opted-in node.
+  tsl::robin_map<PyObject*, Py_ssize_t> index_of_;
   std::vector<nb::object> alive_;
 };
 
