@@ -180,6 +180,8 @@ class PyTreeDef {
   // raises ValueError on a malformed traversal. For traversals assembled from
   // untrusted pieces (pickles, protos, children).
   void Validate();
+  // Part of Validate(): the reference at `i` is well-formed.
+  void ValidateReference(size_t i) const;
 
   // Indices of the roots of the children of the node at `index`, in order.
   std::vector<Py_ssize_t> ChildIndices(Py_ssize_t index) const;
@@ -193,8 +195,8 @@ class PyTreeDef {
 // Wraps a PyTreeDef built in C++ into its Python object.
 nb::object WrapTreeDef(PyTreeDef&& treedef);
 
-// Raises ValueError unless `obj` is a PyTreeDef; returns it.
-PyTreeDef& CastTreeDef(nb::handle obj);
+// Raises TypeError unless `obj` is a PyTreeDef; returns it.
+const PyTreeDef& CastTreeDef(nb::handle obj);
 
 // The Python names of builtin node types, used by repr and errors.
 std::string TypeName(nb::handle type);

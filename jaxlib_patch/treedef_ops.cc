@@ -43,6 +43,14 @@ nb::object TypeOf(const Node& node) {
 
 std::string TypeName(nb::handle type) { return Str(type.attr("__name__")); }
 
+const PyTreeDef& CastTreeDef(nb::handle obj) {
+  if (!nb::isinstance<PyTreeDef>(obj)) {
+    throw nb::type_error(
+        ("Expected a PyTreeDef, got " + Repr(obj) + ".").c_str());
+  }
+  return nb::cast<const PyTreeDef&>(obj);
+}
+
 PyTreeRegistry* PyTreeDef::registry() const {
   if (registry_ == nullptr) {
     throw nb::value_error("This PyTreeDef was cleared by the garbage collector.");
@@ -304,7 +312,7 @@ nb::object PyTreeDef::FromNodeDataAndChildren(nb::object registry_ref,
   PyTreeDef treedef(registry, registry_ref);
   Node node;
   for (nb::handle child : children) {
-    const PyTreeDef& child_treedef = nb::cast<const PyTreeDef&>(child);
+    const PyTreeDef& child_treedef = CastTreeDef(child);
     treedef.traversal_.insert(treedef.traversal_.end(),
                               child_treedef.traversal_.begin(),
                               child_treedef.traversal_.end());
@@ -334,6 +342,9 @@ nb::object PyTreeDef::FromNodeDataAndChildren(nb::object registry_ref,
                                   .c_str());
       }
       node.shared_distance = nb::cast<SharedReference>(data).distance;
+      if (node.shared_distance <= 0) {
+        throw nb::value_error("SharedReference distance must be positive.");
+      }
     } else if (node.kind == PyTreeKind::kDict) {
       node.node_data = nb::list(data);
     } else if (node.kind == PyTreeKind::kNamedTuple) {
@@ -368,6 +379,66 @@ nb::object PyTreeDef::Tuple(nb::object registry_ref, nb::list treedefs) {
   return WrapTreeDef(std::move(tuple));
 }
 
+void PyTreeDef::ValidateReference(size_t i) const {
+  const Node& node = traversal_[i];
+  if (node.shared_distance < 0 || node.arity != 0 ||
+      (node.kind != PyTreeKind::kCustom &&
+       node.kind != PyTreeKind::kDataclass) ||
+      node.custom == nullptr || node.custom->kind != node.kind ||
+      !PreservesIdentity(node.custom)) {
+    throw nb::value_error(
+        "Malformed PyTreeDef: a shared reference must be a childless node of "
+        "a type registered with preserve_relative_identities=True, at a "
+        "positive distance.");
+  }
+  if (node.shared_distance <= static_cast<Py_ssize_t>(i)) {
+    const Node& target = traversal_[i - node.shared_distance];
+    if (target.is_reference() || target.custom != node.custom) {
+      throw nb::value_error(
+          "Malformed PyTreeDef: a shared reference whose target is not a node "
+          "of its type.");
+    }
+  }
+}
+
+template <typename Fail>
+static void ValidateNodeData(const Node& node, Fail&& fail) {
+  switch (node.kind) {
+    case PyTreeKind::kLeaf:
+    case PyTreeKind::kNone:
+      if (node.arity != 0) fail("a leaf or None with children");
+      break;
+    case PyTreeKind::kTuple:
+    case PyTreeKind::kList:
+      break;
+    case PyTreeKind::kDict:
+      if (!node.node_data.is_valid() || !PyList_Check(node.node_data.ptr()) ||
+          PyList_GET_SIZE(node.node_data.ptr()) != node.arity) {
+        throw std::runtime_error("Number of keys and entries does not match.");
+      }
+      break;
+    case PyTreeKind::kNamedTuple:
+      if (!node.node_data.is_valid() || !PyType_Check(node.node_data.ptr())) {
+        fail("a namedtuple node without its type");
+      }
+      break;
+    case PyTreeKind::kCustom:
+    case PyTreeKind::kDataclass:
+      if (node.custom == nullptr || node.custom->kind != node.kind ||
+          !node.node_data.is_valid()) {
+        fail("a custom node without a matching registration");
+      }
+      if (node.kind == PyTreeKind::kDataclass &&
+          (static_cast<size_t>(node.arity) != node.custom->data_fields.size() ||
+           !PyTuple_Check(node.node_data.ptr()) ||
+           static_cast<size_t>(PyTuple_GET_SIZE(node.node_data.ptr())) !=
+               node.custom->meta_fields.size())) {
+        fail("a dataclass node whose fields do not match its registration");
+      }
+      break;
+  }
+}
+
 void PyTreeDef::Validate() {
   auto fail = [](const std::string& message) {
     throw nb::value_error(("Malformed PyTreeDef: " + message).c_str());
@@ -386,50 +457,10 @@ void PyTreeDef::Validate() {
       nodes += open.back().second;
       open.pop_back();
     }
-    switch (node.kind) {
-      case PyTreeKind::kLeaf:
-      case PyTreeKind::kNone:
-        if (node.arity != 0) fail("a leaf or None with children");
-        break;
-      case PyTreeKind::kTuple:
-      case PyTreeKind::kList:
-        break;
-      case PyTreeKind::kDict:
-        if (!PyList_Check(node.node_data.ptr()) ||
-            PyList_GET_SIZE(node.node_data.ptr()) != node.arity) {
-          throw std::runtime_error("Number of keys and entries does not match.");
-        }
-        break;
-      case PyTreeKind::kNamedTuple:
-        if (!node.node_data.is_valid() || !PyType_Check(node.node_data.ptr())) {
-          fail("a namedtuple node without its type");
-        }
-        break;
-      case PyTreeKind::kCustom:
-      case PyTreeKind::kDataclass:
-        if (node.custom == nullptr || node.custom->kind != node.kind) {
-          fail("a custom node without a matching registration");
-        }
-        if (node.kind == PyTreeKind::kDataclass && !node.is_reference() &&
-            (static_cast<size_t>(node.arity) != node.custom->data_fields.size() ||
-             !PyTuple_Check(node.node_data.ptr()) ||
-             static_cast<size_t>(PyTuple_GET_SIZE(node.node_data.ptr())) !=
-                 node.custom->meta_fields.size())) {
-          fail("a dataclass node whose fields do not match its registration");
-        }
-        break;
-    }
     if (node.is_reference()) {
-      if (node.shared_distance < 0 || node.arity != 0 ||
-          !PreservesIdentity(node.custom)) {
-        fail("a shared reference that is not an opted-in node");
-      }
-      if (node.shared_distance <= static_cast<Py_ssize_t>(i)) {
-        const Node& target = traversal_[i - node.shared_distance];
-        if (target.is_reference() || target.custom != node.custom) {
-          fail("a shared reference whose target is not a node of its type");
-        }
-      }
+      ValidateReference(i);
+    } else {
+      ValidateNodeData(node, fail);
     }
     node.num_leaves = leaves;
     node.num_nodes = nodes;

@@ -1,0 +1,379 @@
+"""No reference leaks, collectable cycles, and thread safety.
+
+* Tens of thousands of flatten / unflatten / pickle round trips (and as many
+  failing calls) leave the reference counts of the objects involved (a leaf,
+  an aux data object, the registered types, the registry, the user's
+  functions) exactly where they were, and the number of objects tracked by
+  the garbage collector flat.
+* A cycle registry -> flatten function -> aux -> treedef -> registry is
+  collected by the garbage collector.
+* Eight threads flattening, unflattening, comparing and pickling shared DAGs
+  at once (while another registers new types) all get correct results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import pickle
+import sys
+import threading
+import weakref
+
+import pytest
+
+from jaxlib_patch import pytree as pt
+
+# ---------------------------------------------------------------------------
+# Classes and the registry (module level: pickle finds them by name).
+# ---------------------------------------------------------------------------
+
+
+class Leaf:
+  """A leaf object."""
+
+
+class Aux:
+  """Aux data: hashable; equal by name (so a pickled copy is equal)."""
+
+  def __init__(self, name="aux"):
+    self.name = name
+
+  def __eq__(self, other):
+    return isinstance(other, Aux) and other.name == self.name
+
+  def __hash__(self):
+    return hash(self.name)
+
+  def __repr__(self):
+    return f"Aux({self.name!r})"
+
+
+class KNode:
+  """Opted-in custom node with keys."""
+
+  def __init__(self, aux, children):
+    self.aux = aux
+    self.children = tuple(children)
+
+
+def knode_flatten(node):
+  return node.children, node.aux
+
+
+def knode_flatten_with_keys(node):
+  return tuple((pt.FlattenedIndexKey(i), c)
+               for i, c in enumerate(node.children)), node.aux
+
+
+def knode_unflatten(aux, children):
+  return KNode(aux, children)
+
+
+@dataclasses.dataclass(eq=False)
+class DNode:
+  """Opted-in dataclass: data ``a``, meta ``m``."""
+
+  a: object
+  m: object
+
+
+class Plain:
+  """A custom node without the flag."""
+
+  def __init__(self, children):
+    self.children = tuple(children)
+
+
+def plain_flatten(p):
+  return p.children, None
+
+
+def plain_unflatten(_, children):
+  return Plain(children)
+
+
+class Bomb:
+  """Opted-in; its flatten function raises."""
+
+
+class BombError(Exception):
+  pass
+
+
+def bomb_flatten(_):
+  raise BombError("flatten")
+
+
+class Fragile:
+  """Opted-in; its unflatten function raises."""
+
+
+def fragile_flatten(f):
+  return (Leaf(),), None
+
+
+def fragile_unflatten(aux, children):
+  raise BombError("unflatten")
+
+
+REG = pt.PyTreeRegistry()
+REG.__module__ = __name__
+REG.__name__ = "REG"
+REG.register_node(KNode, knode_flatten, knode_unflatten,
+                  knode_flatten_with_keys, preserve_relative_identities=True)
+REG.register_dataclass_node(DNode, ["a"], ["m"],
+                            preserve_relative_identities=True)
+REG.register_node(Plain, plain_flatten, plain_unflatten)
+REG.register_node(Bomb, bomb_flatten, knode_unflatten,
+                  preserve_relative_identities=True)
+REG.register_node(Fragile, fragile_flatten, fragile_unflatten,
+                  preserve_relative_identities=True)
+
+
+def make_tree(leaf, aux):
+  """A DAG: m shared by two args and a kwarg; a diamond below m."""
+  d = DNode(leaf, aux)
+  b = KNode(aux, [d, leaf])
+  c = KNode(aux, [leaf, d])
+  m = KNode(aux, [b, c, Plain([leaf, leaf])])
+  return ((m, m, [leaf, leaf]), {"kw": m, "other": DNode(d, aux)})
+
+
+def check_shared_output(out):
+  """The output of unflatten shares exactly where make_tree's does."""
+  (m0, m1, _), kwargs = out
+  assert m0 is m1 is kwargs["kw"]
+  b, c, _ = m0.children
+  assert b.children[0] is c.children[1] is kwargs["other"].a
+
+
+# ---------------------------------------------------------------------------
+# Measurement.
+# ---------------------------------------------------------------------------
+
+WATCHED_FUNCTIONS = [knode_flatten, knode_unflatten, knode_flatten_with_keys,
+                     plain_flatten, bomb_flatten, fragile_unflatten]
+
+
+def refcounts(*objects):
+  return [sys.getrefcount(o) for o in objects]
+
+
+def measure(leaf, aux):
+  gc.collect()
+  watched = (leaf, aux, KNode, DNode, Plain, Bomb, Fragile, REG,
+             *WATCHED_FUNCTIONS)
+  counts = refcounts(*watched)
+  del watched
+  return counts, len(gc.get_objects())
+
+
+def assert_flat(work, leaf, aux, iterations, warmup=300, slack=30):
+  """Runs work(leaf, aux, n): refcounts exactly equal, few new gc objects."""
+  work(leaf, aux, warmup)
+  before, objects_before = measure(leaf, aux)
+  work(leaf, aux, iterations)
+  after, objects_after = measure(leaf, aux)
+  assert after == before, "reference counts moved (leak or over-release)"
+  assert abs(objects_after - objects_before) <= slack, (
+      f"{objects_after - objects_before} objects more tracked by the gc")
+
+
+# ---------------------------------------------------------------------------
+# Leaks.
+# ---------------------------------------------------------------------------
+
+
+def round_trips(leaf, aux, n):
+  """Five operations per iteration, every result checked."""
+  x = make_tree(leaf, aux)
+  for _ in range(n):
+    leaves, td = REG.flatten(x)
+    out = td.unflatten(leaves)
+    path_leaves, td2 = REG.flatten_with_path(out)
+    back = pickle.loads(pickle.dumps(td, pickle.HIGHEST_PROTOCOL))
+    up_to = back.flatten_up_to(out)
+    assert td == td2 == back and hash(td) == hash(back)
+    assert len(path_leaves) == len(leaves) == len(up_to) == 7
+    assert up_to[0] is leaf
+  check_shared_output(out)
+
+
+def test_round_trips_do_not_leak():
+  """20,000 x (flatten, unflatten, flatten_with_path, pickle, flatten_up_to)."""
+  assert_flat(round_trips, Leaf(), Aux(), 20_000)
+
+
+def treedef_operations(leaf, aux, n):
+  """The other treedef operations: children, rebuild, compose, walk, repr."""
+  x = make_tree(leaf, aux)
+  leaves, td = REG.flatten(x)
+  inner = REG.flatten(KNode(aux, [leaf]))[1]
+  for _ in range(n):
+    children = td.children()
+    rebuilt = pt.PyTreeDef.from_node_data_and_children(REG, td.node_data(),
+                                                       children)
+    composed = td.compose(inner)
+    walked = td.walk(lambda c, d: c, lambda v: v, leaves)
+    assert rebuilt == td and pt.treedef_tuple(REG, children) == td
+    assert composed.num_leaves == td.num_leaves
+    assert walked[0][0] is walked[0][1]
+    assert "#1=" in repr(td)
+    # walk's result (children tuples) is an iterable tree.
+    check_shared_output(td.from_iterable_tree(walked))
+
+
+def test_treedef_operations_do_not_leak():
+  """children / from_node_data_and_children / compose / walk / repr."""
+  assert_flat(treedef_operations, Leaf(), Aux(), 10_000)
+
+
+def error_paths(leaf, aux, n):
+  """Failing calls: flatten raising, sharing mismatch, cycles, bad counts."""
+  x = make_tree(leaf, aux)
+  _, td = REG.flatten(x)
+  m = x[0][0]
+  broken = ((m, KNode(aux, m.children), [leaf, leaf]), x[1])
+  cyclic = KNode(aux, [leaf])
+  cyclic.children = (leaf, [cyclic])
+  fragile = Fragile()
+  fragile_td = REG.flatten([fragile, fragile, m])[1]
+  bad_state = (REG, [(0, 0, None, None, 1, 1), (6, 0, None, KNode, 0, 1, 1),
+                     (2, 2, None, None, 1, 3)])
+  for _ in range(n):
+    with pytest.raises(BombError):
+      REG.flatten([m, m, leaf, Bomb()])
+    with pytest.raises(BombError):
+      REG.flatten_with_path({"a": m, "b": (m, Bomb())})
+    with pytest.raises(ValueError, match="tree"):
+      td.flatten_up_to(broken)
+    with pytest.raises(ValueError, match="KNode"):
+      REG.flatten([m, cyclic])
+    with pytest.raises(ValueError):
+      td.unflatten([leaf])
+    with pytest.raises(BombError):
+      fragile_td.unflatten([leaf] * fragile_td.num_leaves)
+    with pytest.raises(ValueError):
+      pt.PyTreeDef.__new__(pt.PyTreeDef).__setstate__(bad_state)
+  cyclic.children = ()
+
+
+def test_error_paths_do_not_leak():
+  """7 failing calls per iteration, 5,000 iterations."""
+  assert_flat(error_paths, Leaf(), Aux(), 5_000)
+
+
+# ---------------------------------------------------------------------------
+# Garbage collection of cycles.
+# ---------------------------------------------------------------------------
+
+
+def make_cycle():
+  """registry -> flatten fn -> aux -> treedef -> registry (and aux).
+
+  Returns weak references to the aux object and to the registered class.
+  """
+  registry = pt.PyTreeRegistry()
+
+  class Holder:
+    """Aux data that refers back to the treedef holding it."""
+
+  class Node:
+    def __init__(self, x):
+      self.x = x
+
+  aux = Holder()
+
+  def flatten(node):  # A closure over aux: the registry holds aux.
+    return (node.x,), aux
+
+  registry.register_node(Node, flatten, lambda a, ch: Node(*ch),
+                         preserve_relative_identities=True)
+  node = Node(Leaf())
+  _, td = registry.flatten([node, node])
+  aux.treedef = td  # aux -> treedef -> aux (node data) and -> registry.
+  aux.registry = registry
+  aux.children = td.children()
+  return weakref.ref(aux), weakref.ref(Node)
+
+
+def test_gc_collects_registry_treedef_aux_cycle():
+  """After del + gc.collect(), nothing of the cycle is left alive."""
+  gc.collect()
+  aux_ref, type_ref = make_cycle()
+  assert aux_ref() is not None  # Only the cycle keeps it alive.
+  gc.collect()
+  assert aux_ref() is None
+  assert type_ref() is None
+
+
+def test_gc_collects_treedef_in_its_own_aux():
+  """A treedef whose node data holds the treedef itself is collected."""
+  gc.collect()
+
+  def build():
+    aux = Aux()
+    _, td = REG.flatten(KNode(aux, [Leaf()]))
+    aux.td = td
+    return weakref.ref(aux)
+
+  ref = build()
+  gc.collect()
+  assert ref() is None
+
+
+# ---------------------------------------------------------------------------
+# Threads.
+# ---------------------------------------------------------------------------
+
+
+def test_threads():
+  """8 threads x 300 iterations on shared DAGs; every result is checked."""
+  leaf, aux = Leaf(), Aux()
+  shared_x = make_tree(leaf, aux)
+  expected_leaves, expected_td = REG.flatten(shared_x)
+  expected_repr = repr(expected_td)
+  errors = []
+  barrier = threading.Barrier(8)
+
+  def worker(k):
+    try:
+      barrier.wait()
+      own_leaf = Leaf()
+      own_x = make_tree(own_leaf, aux)
+      for i in range(300):
+        x = shared_x if i % 2 else own_x
+        leaves, td = REG.flatten(x)
+        assert td == expected_td and hash(td) == hash(expected_td)
+        assert repr(td) == expected_repr
+        assert leaves[0] is (leaf if i % 2 else own_leaf)
+        out = td.unflatten(leaves)
+        check_shared_output(out)
+        back = pickle.loads(pickle.dumps(td))
+        assert back == expected_td
+        assert back.flatten_up_to(out) == leaves
+        path_leaves, _ = REG.flatten_with_path(out)
+        assert [v for _, v in path_leaves] == leaves
+        if k == 0 and i % 10 == 0:
+          # Meanwhile, a new opted-in type in the same registry.
+          cls = type(f"New{i}", (), {})
+          REG.register_node(cls, lambda o: ((), None), lambda a, c: cls(),
+                            preserve_relative_identities=True)
+          obj = cls()
+          assert REG.flatten([obj, obj])[1].num_nodes == 3
+    except BaseException as e:  # noqa: BLE001 -- collected and asserted.
+      errors.append((k, repr(e)))
+
+  old = sys.getswitchinterval()
+  sys.setswitchinterval(1e-5)
+  try:
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads)
+  finally:
+    sys.setswitchinterval(old)
+  assert errors == []
