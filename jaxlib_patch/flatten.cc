@@ -1,6 +1,9 @@
 // Flattening: PyTreeRegistry.flatten / flatten_with_path and
 // PyTreeDef.flatten_up_to.
 
+#include <pthread.h>
+
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -10,7 +13,22 @@
 
 namespace jaxlib_patch {
 
-thread_local int RecursionGuard::depth_ = 0;
+uintptr_t RecursionGuard::StackLimit() {
+  // Computed once per thread. A quarter of the stack (at least 256 KiB) is
+  // kept free for the Python code that flatten functions run at the deepest
+  // level.
+  static thread_local uintptr_t limit = [] {
+    pthread_attr_t attr;
+    void* base = nullptr;
+    size_t size = 0;
+    if (pthread_getattr_np(pthread_self(), &attr) != 0) return uintptr_t{0};
+    pthread_attr_getstack(&attr, &base, &size);
+    pthread_attr_destroy(&attr);
+    const size_t reserve = std::max<size_t>(size / 4, 256 << 10);
+    return reinterpret_cast<uintptr_t>(base) + std::min(reserve, size);
+  }();
+  return limit;
+}
 
 std::string CycleMessage(nb::handle obj) {
   return "Cannot flatten an object of type " +

@@ -3,6 +3,7 @@
 #ifndef JAXLIB_PATCH_IDENTITY_SCOPE_H_
 #define JAXLIB_PATCH_IDENTITY_SCOPE_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -39,33 +40,27 @@ class IdentityScope {
 };
 
 // Bounds the C++ recursion of the recursive operations: by Python's recursion
-// limit, like Python code, and by a fixed depth that the C stack is sure to
-// hold even when a user raised that limit very high.
+// limit, like Python code, and by the C stack actually left to this thread,
+// so that no recursion limit set by the user (nor a thread with a small
+// stack, nor a sanitizer's larger frames) can overflow it.
 class RecursionGuard {
  public:
-  static constexpr int kMaxDepth = 20000;
-
   explicit RecursionGuard(const char* where) {
-    if (++depth_ > kMaxDepth) {
-      --depth_;
-      PyErr_Format(PyExc_RecursionError, "maximum pytree depth exceeded%s",
-                   where);
+    char here;
+    if (reinterpret_cast<uintptr_t>(&here) < StackLimit()) {
+      PyErr_Format(PyExc_RecursionError,
+                   "maximum pytree depth exceeded%s (C stack exhausted)", where);
       throw nb::python_error();
     }
-    if (Py_EnterRecursiveCall(where) != 0) {
-      --depth_;
-      throw nb::python_error();
-    }
+    if (Py_EnterRecursiveCall(where) != 0) throw nb::python_error();
   }
-  ~RecursionGuard() {
-    Py_LeaveRecursiveCall();
-    --depth_;
-  }
+  ~RecursionGuard() { Py_LeaveRecursiveCall(); }
   RecursionGuard(const RecursionGuard&) = delete;
   RecursionGuard& operator=(const RecursionGuard&) = delete;
 
  private:
-  static thread_local int depth_;
+  // The lowest stack address this thread may recurse down to.
+  static uintptr_t StackLimit();
 };
 
 std::string CycleMessage(nb::handle obj);
