@@ -4,7 +4,9 @@
 #      the differential tests, hypothesis, pytest, optree);
 #   2. the module built with setuptools (`pip install .`), then the tests;
 #   3. the module built with bazel (Debian's bazel-bootstrap), then the same
-#      tests against that build.
+#      tests against that build;
+#   4. the module built with AddressSanitizer and UndefinedBehaviorSanitizer
+#      (tests/sanitize.sh), then the module's tests under them.
 # Usage: bash tests/run.sh [pytest args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +30,8 @@ run_suite() {
   local label=$1; shift
   step "tests against the $label build"
   (cd "$root/tests" && "$venv/bin/python" -P -m pytest -p no:cacheprovider \
-      --rootdir="$root" -c "$root/pyproject.toml" "$root/tests" "$@")
+      --rootdir="$root" -c "$root/pyproject.toml" "$root/tests" \
+      --ignore="$root/tests/jax" "$@")
 }
 JAXLIB_PATCH_EXPECT=site-packages run_suite setuptools "$@"
 
@@ -43,3 +46,6 @@ fi
 bazel_out=$root/build/bazel_out
 PYTHON="$venv/bin/python" build/bazel_module.sh "$bazel_out" >/dev/null
 PYTHONPATH="$bazel_out" JAXLIB_PATCH_EXPECT="$bazel_out" run_suite bazel "$@"
+
+step "sanitizer build (ASan + UBSan)"
+PYTHON="$venv/bin/python" bash tests/sanitize.sh "$@"
