@@ -76,6 +76,21 @@ std::pair<nb::object, nb::object> UnpackChildrenAndAux(nb::handle result,
   return {std::move(iterator), nb::borrow(PyTuple_GET_ITEM(result.ptr(), 1))};
 }
 
+void CheckKeyChildPair(nb::handle pair) {
+  if (!PyTuple_Check(pair.ptr()) || PyTuple_GET_SIZE(pair.ptr()) != 2) {
+    throw nb::value_error(
+        ("The to_iterable_with_keys function for a custom PyTree node should "
+         "return a (key_leaf_pairs, aux_data) tuple where each item of "
+         "'key_leaf_pairs' is a (key, child) pair, got " +
+         Repr(pair))
+            .c_str());
+  }
+}
+
+// The tuple of a dataclass node's meta field values.
+nb::object MetaFields(nb::handle obj,
+                      const PyTreeRegistry::Registration& registration);
+
 // Calls `visit(item)` for each item an iterator yields.
 template <typename Visit>
 void ForEach(nb::handle iterator, Visit&& visit) {
@@ -89,6 +104,16 @@ nb::object GetAttr(nb::handle obj, const nb::str& name) {
   PyObject* value = PyObject_GetAttr(obj.ptr(), name.ptr());
   if (value == nullptr) throw nb::python_error();
   return nb::steal(value);
+}
+
+nb::object MetaFields(nb::handle obj,
+                      const PyTreeRegistry::Registration& registration) {
+  nb::object meta = nb::steal(PyTuple_New(registration.meta_fields.size()));
+  Py_ssize_t i = 0;
+  for (const nb::str& field : registration.meta_fields) {
+    PyTuple_SET_ITEM(meta.ptr(), i++, GetAttr(obj, field).release().ptr());
+  }
+  return meta;
 }
 
 template <bool kWithPath>
@@ -175,19 +200,18 @@ class Flattener {
         nb::object result =
             with_keys ? node.custom->to_iterable_with_keys(obj)
                       : node.custom->to_iterable(obj);
-        auto [children, aux] = UnpackChildrenAndAux(result, with_keys);
+        auto [iterator, aux] = UnpackChildrenAndAux(result, with_keys);
         node.node_data = std::move(aux);
-        ForEach(children, [&](nb::object child) {
+        // All children are taken before any is flattened, as stock does: a
+        // failing iterator fails before any callback on its first items.
+        std::vector<nb::object> children;
+        ForEach(iterator, [&](nb::object child) {
+          if (with_keys) CheckKeyChildPair(child);
+          children.push_back(std::move(child));
+        });
+        for (const nb::object& child : children) {
           if constexpr (kWithPath) {
             if (with_keys) {
-              if (!PyTuple_Check(child.ptr()) ||
-                  PyTuple_GET_SIZE(child.ptr()) != 2) {
-                throw nb::value_error(
-                    ("The to_iterable_with_keys function for a custom PyTree "
-                     "node should return (key, child) pairs, got " +
-                     Repr(child))
-                        .c_str());
-              }
               FlattenChild(nb::borrow(PyTuple_GET_ITEM(child.ptr(), 1)),
                            nb::borrow(PyTuple_GET_ITEM(child.ptr(), 0)));
             } else {
@@ -197,10 +221,11 @@ class Flattener {
             Flatten(child);
           }
           ++node.arity;
-        });
+        }
         break;
       }
       case PyTreeKind::kDataclass: {
+        node.node_data = MetaFields(obj, *node.custom);
         for (const nb::str& field : node.custom->data_fields) {
           nb::object child = GetAttr(obj, field);
           if constexpr (kWithPath) {
@@ -210,13 +235,6 @@ class Flattener {
           }
           ++node.arity;
         }
-        nb::object meta = nb::steal(
-            PyTuple_New(node.custom->meta_fields.size()));
-        Py_ssize_t i = 0;
-        for (const nb::str& field : node.custom->meta_fields) {
-          PyTuple_SET_ITEM(meta.ptr(), i++, GetAttr(obj, field).release().ptr());
-        }
-        node.node_data = std::move(meta);
         break;
       }
       case PyTreeKind::kLeaf:
@@ -442,7 +460,7 @@ nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
         }
         break;
       case PyTreeKind::kTuple:
-        if (!PyTuple_Check(object.ptr())) {
+        if (!PyTuple_CheckExact(object.ptr())) {
           ThrowMismatch("Expected tuple, got " + Repr(object) + ".");
         }
         if (PyTuple_GET_SIZE(object.ptr()) != node.arity) {
@@ -454,7 +472,7 @@ nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
         push_items(object);
         break;
       case PyTreeKind::kList:
-        if (!PyList_Check(object.ptr())) {
+        if (!PyList_CheckExact(object.ptr())) {
           ThrowMismatch("Expected list, got " + Repr(object) + ".");
         }
         if (PyList_GET_SIZE(object.ptr()) != node.arity) {
@@ -466,7 +484,7 @@ nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
         push_items(object);
         break;
       case PyTreeKind::kDict: {
-        if (!PyDict_Check(object.ptr())) {
+        if (!PyDict_CheckExact(object.ptr())) {
           ThrowMismatch("Expected dict, got " + Repr(object) + ".");
         }
         nb::list keys = SortedDictKeys(object);
@@ -500,38 +518,35 @@ nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
         break;
       case PyTreeKind::kCustom:
       case PyTreeKind::kDataclass: {
+        const bool dataclass = node.kind == PyTreeKind::kDataclass;
         const PyTreeRegistry::Registration* custom =
             registry()->Lookup(Py_TYPE(object.ptr()));
-        if (custom != node.custom) {
-          ThrowMismatch(std::string(node.kind == PyTreeKind::kCustom
-                                        ? "Custom"
-                                        : "Dataclass") +
-                        " node type mismatch; expected type: " +
-                        Repr(node.custom->type) + "; value: " + Repr(object) +
+        if (custom == nullptr || custom->type.not_equal(node.custom->type)) {
+          ThrowMismatch(std::string(dataclass ? "Custom dataclass" : "Custom") +
+                        " node type mismatch: expected type: " +
+                        Repr(node.custom->type) + ", value: " + Repr(object) +
                         ".");
         }
         std::vector<nb::object> children;
         nb::object node_data;
-        if (node.kind == PyTreeKind::kCustom) {
-          auto [iterator, aux] =
-              UnpackChildrenAndAux(custom->to_iterable(object), false);
-          node_data = std::move(aux);
-          ForEach(iterator,
-                  [&](nb::object child) { children.push_back(std::move(child)); });
-        } else {
+        if (dataclass) {
+          node_data = MetaFields(object, *custom);
           for (const nb::str& field : custom->data_fields) {
             children.push_back(GetAttr(object, field));
           }
-          nb::list meta;
-          for (const nb::str& field : custom->meta_fields) {
-            meta.append(GetAttr(object, field));
-          }
-          node_data = nb::tuple(meta);
+        } else {
+          auto [iterator, aux] =
+              UnpackChildrenAndAux(custom->to_iterable(object), false);
+          node_data = std::move(aux);
+          ForEach(iterator, [&](nb::object child) {
+            children.push_back(std::move(child));
+          });
         }
-        if (node_data.not_equal(node.node_data)) {
-          ThrowMismatch("Mismatch custom node data: " + Repr(node_data) +
-                        " != " + Repr(node.node_data) + "; value: " +
-                        Repr(object) + ".");
+        if (node.node_data.not_equal(node_data)) {
+          ThrowMismatch(std::string(dataclass ? "Mismatch custom dataclass"
+                                              : "Mismatch custom") +
+                        " node data: " + Repr(node.node_data) + " != " +
+                        Repr(node_data) + "; value: " + Repr(object) + ".");
         }
         if (static_cast<Py_ssize_t>(children.size()) != node.arity) {
           ThrowMismatch("Custom type arity mismatch: " +
@@ -614,27 +629,33 @@ nb::object FlattenOneLevelImpl(const PyTreeRegistry& registry,
     }
     case PyTreeKind::kCustom: {
       if (kWithKeys && !custom->to_iterable_with_keys.is_none()) {
-        auto [pairs, aux] =
+        auto [iterator, aux] =
             UnpackChildrenAndAux(custom->to_iterable_with_keys(tree), true);
-        return nb::make_tuple(nb::list(pairs), aux);
+        nb::list pairs;
+        ForEach(iterator, [&](nb::object pair) {
+          CheckKeyChildPair(pair);
+          pairs.append(pair);
+        });
+        return nb::make_tuple(pairs, aux);
       }
       nb::object result = custom->to_iterable(tree);
-      auto [children, aux] = UnpackChildrenAndAux(result, false);
       if constexpr (kWithKeys) {
+        auto [children, aux] = UnpackChildrenAndAux(result, false);
         return nb::make_tuple(PairsWithKeys(children, MakeFlattenedIndexKey),
                               aux);
       } else {
-        return nb::make_tuple(PyTuple_GET_ITEM(result.ptr(), 0), aux);
+        // The children as the flatten function gave them (a generator stays
+        // a generator), once checked to be iterable, as in stock jaxlib.
+        auto [iterator, aux] = UnpackChildrenAndAux(result, false);
+        return nb::make_tuple(nb::handle(PyTuple_GET_ITEM(result.ptr(), 0)),
+                              aux);
       }
     }
     case PyTreeKind::kDataclass: {
+      nb::object meta = MetaFields(tree, *custom);
       nb::list values;
       for (const nb::str& field : custom->data_fields) {
         values.append(GetAttr(tree, field));
-      }
-      nb::list meta;
-      for (const nb::str& field : custom->meta_fields) {
-        meta.append(GetAttr(tree, field));
       }
       if constexpr (kWithKeys) {
         return nb::make_tuple(
@@ -642,9 +663,9 @@ nb::object FlattenOneLevelImpl(const PyTreeRegistry& registry,
                           [&](Py_ssize_t i) {
                             return MakeGetAttrKey(custom->data_fields[i]);
                           }),
-            nb::tuple(meta));
+            meta);
       } else {
-        return nb::make_tuple(values, nb::tuple(meta));
+        return nb::make_tuple(values, meta);
       }
     }
   }

@@ -47,19 +47,20 @@ void BindCommon(Class& cls, const char* field, Value Key::*member) {
           [member](const Key& self, nb::handle other) {
             if (!nb::isinstance<Key>(other)) return false;
             const Key& rhs = nb::cast<const Key&>(other);
-            if constexpr (std::is_same_v<Value, Py_ssize_t>) {
+            if constexpr (std::is_same_v<Value, int>) {
               return self.*member == rhs.*member;
             } else {
               return nb::handle(self.*member).equal(rhs.*member);
             }
-          },
-          nb::arg().none());
+          });
   cls.attr("__match_args__") = nb::make_tuple(field);
 }
 
 }  // namespace
 
-nb::object MakeSequenceKey(Py_ssize_t idx) { return nb::cast(SequenceKey{idx}); }
+nb::object MakeSequenceKey(Py_ssize_t idx) {
+  return nb::cast(SequenceKey{static_cast<int>(idx)});
+}
 nb::object MakeDictKey(nb::handle key) {
   return nb::cast(DictKey{nb::borrow(key)});
 }
@@ -67,13 +68,13 @@ nb::object MakeGetAttrKey(nb::handle name) {
   return nb::cast(GetAttrKey{nb::borrow<nb::str>(name)});
 }
 nb::object MakeFlattenedIndexKey(Py_ssize_t key) {
-  return nb::cast(FlattenedIndexKey{key});
+  return nb::cast(FlattenedIndexKey{static_cast<int>(key)});
 }
 
 void BindKeys(nb::module_& m) {
   auto sequence_key = nb::class_<SequenceKey>(m, "SequenceKey",
                                               nb::sig("class SequenceKey(Hashable)"));
-  sequence_key.def(nb::init<Py_ssize_t>(), nb::arg("idx"))
+  sequence_key.def(nb::init<int>(), nb::arg("idx"))
       .def_ro("idx", &SequenceKey::idx)
       .def("__str__",
            [](const SequenceKey& k) { return "[" + std::to_string(k.idx) + "]"; })
@@ -106,14 +107,14 @@ void BindKeys(nb::module_& m) {
            })
       .def("__repr__",
            [](const GetAttrKey& k) {
-             return "GetAttrKey(name=" + Repr(k.name) + ")";
+             return "GetAttrKey(name='" + nb::cast<std::string>(k.name) + "')";
            })
       .def("__hash__", [](const GetAttrKey& k) { return nb::hash(k.name); });
   BindCommon(get_attr_key, "name", &GetAttrKey::name);
 
   auto flattened_index_key = nb::class_<FlattenedIndexKey>(
       m, "FlattenedIndexKey", nb::sig("class FlattenedIndexKey(Hashable)"));
-  flattened_index_key.def(nb::init<Py_ssize_t>(), nb::arg("key"))
+  flattened_index_key.def(nb::init<int>(), nb::arg("key"))
       .def_ro("key", &FlattenedIndexKey::key)
       .def("__str__",
            [](const FlattenedIndexKey& k) {

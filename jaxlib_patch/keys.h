@@ -8,8 +8,9 @@
 
 namespace jaxlib_patch {
 
+// Indices are C ints, as in stock jaxlib (which bounds them the same way).
 struct SequenceKey {
-  Py_ssize_t idx;
+  int idx;
 };
 
 struct DictKey {
@@ -21,7 +22,7 @@ struct GetAttrKey {
 };
 
 struct FlattenedIndexKey {
-  Py_ssize_t key;
+  int key;
 };
 
 nb::object MakeSequenceKey(Py_ssize_t idx);

@@ -163,16 +163,16 @@ NB_MODULE(pytree, m) {
            nb::sig("def is_node(self, type: type) -> bool"))
       .def(
           "register_node",
-          [](PyTreeRegistry& self, nb::type_object type, nb::callable to_iterable,
-             nb::callable from_iterable, nb::object to_iterable_with_keys,
+          [](PyTreeRegistry& self, nb::object type, nb::callable to_iterable,
+             nb::callable from_iterable,
+             std::optional<nb::callable> to_iterable_with_keys,
              nb::handle preserve_relative_identities) {
-            if (!to_iterable_with_keys.is_none() &&
-                !PyCallable_Check(to_iterable_with_keys.ptr())) {
-              throw nb::type_error("to_iterable_with_keys must be callable or None.");
-            }
-            self.RegisterNode(type, to_iterable, from_iterable,
-                              to_iterable_with_keys,
-                              CheckFlag(preserve_relative_identities));
+            self.RegisterNode(
+                std::move(type), std::move(to_iterable),
+                std::move(from_iterable),
+                to_iterable_with_keys ? nb::object(*to_iterable_with_keys)
+                                      : nb::none(),
+                CheckFlag(preserve_relative_identities));
           },
           nb::arg("type"), nb::arg("to_iterable"), nb::arg("from_iterable"),
           nb::arg("to_iterable_with_keys").none() = nb::none(), nb::kw_only(),
@@ -194,15 +194,18 @@ NB_MODULE(pytree, m) {
           nb::arg("type"), nb::arg("data_fields"), nb::arg("meta_fields"),
           nb::kw_only(), nb::arg("preserve_relative_identities") = false,
           nb::sig("def register_dataclass_node(self, type: type, data_fields: "
-                  "Sequence[str], meta_fields: Sequence[str], /, *, "
+                  "typing.Sequence[str], meta_fields: Sequence[str], /, *, "
                   "preserve_relative_identities: bool = False) -> Any"))
-      .def("__reduce__", [](nb::handle self) { return self.attr("__name__"); });
+      .def("__reduce__", [](nb::handle self) { return self.attr("__name__"); },
+           nb::sig("def __reduce__(self) -> str"));
 
   nb::class_<PyTreeDef>(m, "PyTreeDef", nb::type_slots(treedef_slots))
       .def("unflatten", &PyTreeDef::Unflatten,
            nb::sig("def unflatten(self, arg: Iterable[Any], /) -> Any"))
       .def("flatten_up_to", &PyTreeDef::FlattenUpTo, nb::arg("tree").none())
-      .def("compose", &PyTreeDef::Compose)
+      .def("compose", &PyTreeDef::Compose,
+           nb::sig("def compose(self, arg: jaxlib_patch.pytree.PyTreeDef, /) "
+                   "-> jaxlib_patch.pytree.PyTreeDef"))
       .def("walk", &PyTreeDef::Walk,
            "Walk pytree, calling f_node(node, node_data) at nodes, and f_leaf "
            "at leaves",
@@ -210,7 +213,9 @@ NB_MODULE(pytree, m) {
                    "__f_leaf: Callable[[_T], Any] | None, leaves: "
                    "Iterable[Any], /) -> Any"))
       .def("from_iterable_tree", &PyTreeDef::FromIterableTree)
-      .def("children", &PyTreeDef::Children)
+      .def("children", &PyTreeDef::Children,
+           nb::sig("def children(self) -> "
+                   "list[jaxlib_patch.pytree.PyTreeDef]"))
       .def("node_data", &PyTreeDef::NodeData,
            "Returns None if a leaf-pytree, else (type, node_data)",
            nb::sig("def node_data(self) -> tuple[type, Any] | None"))
@@ -218,9 +223,9 @@ NB_MODULE(pytree, m) {
           "from_node_data_and_children", &PyTreeDef::FromNodeDataAndChildren,
           nb::arg("registry"), nb::arg("node_data").none(), nb::arg("children"),
           "Reconstructs a pytree from `node_data()` and `children()`.",
-          nb::sig("def from_node_data_and_children(registry: PyTreeRegistry, "
-                  "node_data: tuple[type, Any] | None, children: "
-                  "Iterable[PyTreeDef]) -> PyTreeDef"))
+          nb::sig("def from_node_data_and_children(self, registry: "
+                  "PyTreeRegistry, node_data: tuple[type, Any] | None, "
+                  "children: typing.Iterable[PyTreeDef]) -> PyTreeDef"))
       .def_prop_ro("num_leaves", &PyTreeDef::num_leaves)
       .def_prop_ro("num_nodes", &PyTreeDef::num_nodes)
       .def("__repr__", &PyTreeDef::ToString)
@@ -229,19 +234,20 @@ NB_MODULE(pytree, m) {
           [](const PyTreeDef& self, nb::handle other) {
             return nb::isinstance<PyTreeDef>(other) &&
                    self.Equals(nb::cast<const PyTreeDef&>(other));
-          },
-          nb::arg().none())
+          })
       .def(
           "__ne__",
           [](const PyTreeDef& self, nb::handle other) {
             return nb::isinstance<PyTreeDef>(other) &&
                    !self.Equals(nb::cast<const PyTreeDef&>(other));
-          },
-          nb::arg().none())
+          })
       .def("__hash__", &PyTreeDef::Hash)
       .def("serialize_using_proto", &PyTreeDef::SerializeUsingProto)
       .def_static("deserialize_using_proto", &PyTreeDef::DeserializeUsingProto,
-                  nb::arg("registry"), nb::arg("data"))
+                  nb::arg("registry"), nb::arg("data"),
+                  nb::sig("def deserialize_using_proto(registry: "
+                          "jaxlib_patch.pytree.PyTreeRegistry, data: bytes) "
+                          "-> jaxlib_patch.pytree.PyTreeDef"))
       .def("__getstate__", &PyTreeDef::GetState)
       .def("__setstate__", [](PyTreeDef& self, nb::handle state) {
         // Built aside first, so that a bad state leaves `self` uninitialized
@@ -255,13 +261,14 @@ NB_MODULE(pytree, m) {
   default_registry_ref = m.attr("_default_registry");
   m.def("default_registry",
         []() { return nb::borrow(default_registry_ref); },
-        nb::sig("def default_registry() -> PyTreeRegistry"));
+        nb::sig("def default_registry() -> "
+                "jaxlib_patch.pytree.PyTreeRegistry"));
   m.def("treedef_tuple", &PyTreeDef::Tuple, nb::arg("registry"), nb::arg(),
         nb::sig("def treedef_tuple(registry: PyTreeRegistry, arg0: "
                 "Sequence[PyTreeDef], /) -> PyTreeDef"));
   m.def("all_leaves", &AllLeaves,
-        nb::sig("def all_leaves(arg0: PyTreeRegistry, arg1: "
-                "collections.abc.Iterable, /) -> bool"));
+        nb::sig("def all_leaves(arg0: jaxlib_patch.pytree.PyTreeRegistry, "
+                "arg1: collections.abc.Iterable, /) -> bool"));
 }
 
 }  // namespace jaxlib_patch

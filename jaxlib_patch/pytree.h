@@ -24,7 +24,10 @@
 #include <vector>
 
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 namespace jaxlib_patch {
 
@@ -85,8 +88,7 @@ class PyTreeRegistry {
  private:
   void Insert(std::unique_ptr<Registration> registration);
 
-  bool enable_none_, enable_tuple_, enable_namedtuple_, enable_list_,
-      enable_dict_;
+  bool enable_none_, enable_tuple_, enable_list_, enable_dict_;
   // Registrations are never removed, so the pointers handed out stay valid
   // for the registry's lifetime (treedefs keep their registry alive).
   std::unordered_map<PyTypeObject*, std::unique_ptr<Registration>>
@@ -152,10 +154,12 @@ class PyTreeDef {
   std::vector<nb::object> Children() const;
   nb::object NodeData() const;
   nb::object Compose(const PyTreeDef& inner) const;
-  static nb::object FromNodeDataAndChildren(nb::object registry_ref,
-                                            nb::handle node_data,
-                                            nb::iterable children);
-  static nb::object Tuple(nb::object registry_ref, nb::list treedefs);
+  static nb::object FromNodeDataAndChildren(
+      nb::handle_t<PyTreeRegistry> registry_ref,
+      std::optional<std::pair<nb::type_object, nb::object>> node_data,
+      nb::iterable children);
+  static nb::object Tuple(nb::handle_t<PyTreeRegistry> registry_ref,
+                          std::vector<const PyTreeDef*> treedefs);
   // The key path from the root to the node at `index`, for error messages.
   std::string PathTo(Py_ssize_t index) const;
 
@@ -163,8 +167,8 @@ class PyTreeDef {
   nb::object GetState() const;
   void SetState(nb::handle state);
   nb::bytes SerializeUsingProto() const;
-  static nb::object DeserializeUsingProto(nb::object registry_ref,
-                                          nb::bytes data);
+  static nb::object DeserializeUsingProto(
+      nb::handle_t<PyTreeRegistry> registry_ref, nb::bytes data);
 
   // --- GC support (module.cc)
   int Traverse(visitproc visit, void* arg) const;

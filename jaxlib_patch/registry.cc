@@ -11,9 +11,11 @@ PyTreeRegistry::PyTreeRegistry(bool enable_none, bool enable_tuple,
                                bool enable_dict)
     : enable_none_(enable_none),
       enable_tuple_(enable_tuple),
-      enable_namedtuple_(enable_namedtuple),
       enable_list_(enable_list),
       enable_dict_(enable_dict) {
+  // Stock jaxlib accepts enable_namedtuple but always treats namedtuples as
+  // nodes; so does this module.
+  (void)enable_namedtuple;
   auto add_builtin = [this](PyTypeObject* type, PyTreeKind kind) {
     auto registration = std::make_unique<Registration>();
     registration->kind = kind;
@@ -27,13 +29,19 @@ PyTreeRegistry::PyTreeRegistry(bool enable_none, bool enable_tuple,
 }
 
 void PyTreeRegistry::Insert(std::unique_ptr<Registration> registration) {
-  nb::ft_lock_guard lock(mutex_);
   auto* type = reinterpret_cast<PyTypeObject*>(registration->type.ptr());
-  auto [it, inserted] = registrations_.emplace(type, std::move(registration));
-  if (!inserted) {
+  bool inserted;
+  {
+    nb::ft_lock_guard lock(mutex_);
+    inserted = registrations_.try_emplace(type, std::move(registration)).second;
+  }
+  if (!inserted) {  // try_emplace left `registration` untouched.
+    const char* what = registration->kind == PyTreeKind::kDataclass
+                           ? "Duplicate custom dataclass PyTreeDef type "
+                             "registration for "
+                           : "Duplicate custom PyTreeDef type registration for ";
     throw nb::value_error(
-        ("Duplicate custom PyTreeDef type registration for " +
-         nb::cast<std::string>(nb::repr(it->second->type)) + ".")
+        (what + nb::cast<std::string>(nb::repr(registration->type)) + ".")
             .c_str());
   }
 }
@@ -84,7 +92,7 @@ PyTreeKind PyTreeRegistry::KindOfType(PyTypeObject* type,
     *custom = registration;
     return registration->kind;
   }
-  if (enable_namedtuple_ && PyType_IsSubtype(type, &PyTuple_Type) &&
+  if (PyType_IsSubtype(type, &PyTuple_Type) &&
       PyObject_HasAttrString(reinterpret_cast<PyObject*>(type), "_fields")) {
     return PyTreeKind::kNamedTuple;
   }

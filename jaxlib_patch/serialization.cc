@@ -207,9 +207,9 @@ nb::bytes PyTreeDef::SerializeUsingProto() const {
     }
     PutTag(message, 2, 0);
     PutVarint(message, type);
-    if (node.kind == PyTreeKind::kDict) {
+    if (!keys.empty()) {  // Stock leaves an empty dict's keys out.
       std::string dict_keys;
-      if (!keys.empty()) PutBytesField(dict_keys, 1, keys);
+      PutBytesField(dict_keys, 1, keys);
       PutBytesField(message, 3, dict_keys);
     }
     PutBytesField(nodes, 1, message);
@@ -218,9 +218,10 @@ nb::bytes PyTreeDef::SerializeUsingProto() const {
   return nb::bytes(nodes.data(), nodes.size());
 }
 
-nb::object PyTreeDef::DeserializeUsingProto(nb::object registry_ref,
-                                            nb::bytes data) {
-  PyTreeDef treedef(nb::cast<PyTreeRegistry*>(registry_ref), registry_ref);
+nb::object PyTreeDef::DeserializeUsingProto(
+    nb::handle_t<PyTreeRegistry> registry_ref, nb::bytes data) {
+  PyTreeDef treedef(nb::cast<PyTreeRegistry*>(registry_ref),
+                    nb::borrow(registry_ref));
   std::vector<std::vector<uint32_t>> dict_key_ids;  // Per node.
   std::vector<std::string> interned;
   ProtoReader reader(std::string_view(data.c_str(), data.size()));
@@ -269,7 +270,8 @@ nb::object PyTreeDef::DeserializeUsingProto(nb::object registry_ref,
       case kProtoNone: node.kind = PyTreeKind::kNone; break;
       case kProtoTuple: node.kind = PyTreeKind::kTuple; break;
       case kProtoDict: node.kind = PyTreeKind::kDict; break;
-      default: ProtoReader::Fail();
+      default:
+        throw nb::value_error("Malformed pytree proto (invalid node type)");
     }
     treedef.traversal_.push_back(std::move(node));
     dict_key_ids.push_back(std::move(key_ids));

@@ -62,19 +62,39 @@ Py_ssize_t PyTreeDef::num_leaves() const {
   return traversal_.empty() ? 0 : traversal_.back().num_leaves;
 }
 
+// Custom nodes are equal when their types are, whichever registry (and
+// flatten functions) made them, as in stock jaxlib.
+static bool SameCustomType(const Node& a, const Node& b) {
+  if (a.custom == b.custom) return true;
+  return a.custom != nullptr && b.custom != nullptr &&
+         a.custom->type.is(b.custom->type) &&
+         a.custom->preserve_relative_identities ==
+             b.custom->preserve_relative_identities;
+}
+
 bool PyTreeDef::Equals(const PyTreeDef& other) const {
   if (traversal_.size() != other.traversal_.size()) return false;
   for (size_t i = 0; i < traversal_.size(); ++i) {
     const Node& a = traversal_[i];
     const Node& b = other.traversal_[i];
-    if (a.kind != b.kind || a.arity != b.arity || a.custom != b.custom ||
+    if (a.kind != b.kind || a.arity != b.arity || !SameCustomType(a, b) ||
         a.shared_distance != b.shared_distance ||
         a.node_data.is_valid() != b.node_data.is_valid()) {
       return false;
     }
-    if (a.node_data.is_valid() && a.node_data.not_equal(b.node_data)) {
-      return false;
+    if (!a.node_data.is_valid()) continue;
+    const int equal = PyObject_RichCompareBool(a.node_data.ptr(),
+                                               b.node_data.ptr(), Py_EQ);
+    if (equal < 0) {
+      nb::python_error error;
+      nb::raise_from(
+          error, PyExc_ValueError,
+          "Exception raised while checking equality of metadata fields of "
+          "pytree. Make sure that metadata fields are hashable and have "
+          "simple equality semantics. (Note: arrays cannot be passed as "
+          "metadata fields!)");
     }
+    if (equal == 0) return false;
   }
   return true;
 }
@@ -86,7 +106,10 @@ size_t PyTreeDef::Hash() const {
   for (const Node& node : traversal_) {
     hash = HashCombine(hash, static_cast<size_t>(node.kind));
     hash = HashCombine(hash, node.arity);
-    hash = HashCombine(hash, reinterpret_cast<uintptr_t>(node.custom));
+    hash = HashCombine(hash, node.custom == nullptr
+                                 ? 0
+                                 : reinterpret_cast<uintptr_t>(
+                                       node.custom->type.ptr()));
     hash = HashCombine(hash, node.shared_distance);
   }
   return hash;
@@ -305,11 +328,12 @@ nb::object PyTreeDef::Compose(const PyTreeDef& inner) const {
   return WrapTreeDef(std::move(composed));
 }
 
-nb::object PyTreeDef::FromNodeDataAndChildren(nb::object registry_ref,
-                                              nb::handle node_data,
-                                              nb::iterable children) {
+nb::object PyTreeDef::FromNodeDataAndChildren(
+    nb::handle_t<PyTreeRegistry> registry_ref,
+    std::optional<std::pair<nb::type_object, nb::object>> node_data,
+    nb::iterable children) {
   PyTreeRegistry* registry = nb::cast<PyTreeRegistry*>(registry_ref);
-  PyTreeDef treedef(registry, registry_ref);
+  PyTreeDef treedef(registry, nb::borrow(registry_ref));
   Node node;
   for (nb::handle child : children) {
     const PyTreeDef& child_treedef = CastTreeDef(child);
@@ -318,17 +342,10 @@ nb::object PyTreeDef::FromNodeDataAndChildren(nb::object registry_ref,
                               child_treedef.traversal_.end());
     ++node.arity;
   }
-  if (!node_data.is_none()) {
-    nb::tuple pair = nb::cast<nb::tuple>(node_data);
-    if (pair.size() != 2) {
-      throw nb::value_error("node_data must be None or a (type, data) pair.");
-    }
-    nb::handle type = pair[0];
-    nb::object data = pair[1];
+  if (node_data) {
+    const nb::type_object& type = node_data->first;
+    const nb::object& data = node_data->second;
     auto* py_type = reinterpret_cast<PyTypeObject*>(type.ptr());
-    if (!PyType_Check(type.ptr())) {
-      throw nb::type_error(("Expected a type, got " + Repr(type) + ".").c_str());
-    }
     node.kind = registry->KindOfType(py_type, &node.custom);
     if (node.kind == PyTreeKind::kLeaf) {
       throw std::runtime_error("Could not find type: " + Repr(type) + ".");
@@ -346,6 +363,9 @@ nb::object PyTreeDef::FromNodeDataAndChildren(nb::object registry_ref,
         throw nb::value_error("SharedReference distance must be positive.");
       }
     } else if (node.kind == PyTreeKind::kDict) {
+      if (!PyList_Check(data.ptr())) {
+        throw nb::type_error("The node data of a dict must be its list of keys.");
+      }
       node.node_data = nb::list(data);
     } else if (node.kind == PyTreeKind::kNamedTuple) {
       node.node_data = nb::borrow(type);
@@ -359,13 +379,14 @@ nb::object PyTreeDef::FromNodeDataAndChildren(nb::object registry_ref,
   return WrapTreeDef(std::move(treedef));
 }
 
-nb::object PyTreeDef::Tuple(nb::object registry_ref, nb::list treedefs) {
+nb::object PyTreeDef::Tuple(nb::handle_t<PyTreeRegistry> registry_ref,
+                            std::vector<const PyTreeDef*> treedefs) {
   PyTreeRegistry* registry = nb::cast<PyTreeRegistry*>(registry_ref);
-  PyTreeDef tuple(registry, registry_ref);
+  PyTreeDef tuple(registry, nb::borrow(registry_ref));
   Node node;
   node.kind = PyTreeKind::kTuple;
-  for (nb::handle item : treedefs) {
-    const PyTreeDef& treedef = nb::cast<const PyTreeDef&>(item);
+  for (const PyTreeDef* item : treedefs) {
+    const PyTreeDef& treedef = *item;
     if (treedef.registry_ != registry) {
       throw nb::value_error(
           "PyTree registries of PyTreeDefs passed to Tuple() must match.");

@@ -126,52 +126,105 @@ nb::object BuildBottomUp(const std::vector<Node>& traversal, LeafFn&& leaf,
   return std::move(agenda.back());
 }
 
-// The leaves as a sequence whose length has been checked against the treedef.
-nb::object CheckedLeaves(nb::iterable leaves, Py_ssize_t expected) {
-  nb::object sequence = nb::steal(
-      PySequence_Fast(leaves.ptr(), "leaves must be an iterable"));
-  if (!sequence.is_valid()) throw nb::python_error();
-  const Py_ssize_t got = PySequence_Fast_GET_SIZE(sequence.ptr());
-  if (got < expected) {
-    throw nb::value_error(("Too few leaves for PyTreeDef; expected " +
-                           std::to_string(expected) + ", got " +
-                           std::to_string(got))
-                              .c_str());
+// Hands out the leaves one at a time, as stock jaxlib reads them: a list or
+// tuple by index; any other iterable through its iterator, fetching the next
+// item as soon as one is taken (so an iterator that fails after the last leaf
+// fails before the nodes above that leaf are built). Running out, or having
+// some left at the end, raises ValueError with stock's messages (unflatten's
+// give the counts, walk's do not).
+class LeafReader {
+ public:
+  LeafReader(nb::handle leaves, Py_ssize_t expected, bool with_counts)
+      : expected_(expected), with_counts_(with_counts) {
+    if (PyList_CheckExact(leaves.ptr()) || PyTuple_CheckExact(leaves.ptr())) {
+      sequence_ = nb::borrow(leaves);
+    } else {
+      iterator_ = nb::steal(PyObject_GetIter(leaves.ptr()));
+      if (!iterator_.is_valid()) throw nb::python_error();
+    }
   }
-  if (got > expected) {
-    throw nb::value_error(("Too many leaves for PyTreeDef; expected " +
-                           std::to_string(expected) + ".")
-                              .c_str());
+
+  nb::object Next() {
+    if (sequence_.is_valid()) {
+      if (read_ < PySequence_Fast_GET_SIZE(sequence_.ptr())) {
+        return nb::borrow(PySequence_Fast_GET_ITEM(sequence_.ptr(), read_++));
+      }
+      ThrowTooFew();
+    }
+    if (!fetched_) Fetch();
+    if (!pending_.is_valid()) ThrowTooFew();
+    nb::object leaf = std::move(pending_);
+    ++read_;
+    Fetch();
+    return leaf;
   }
-  return sequence;
-}
+
+  void CheckExhausted() {
+    bool more;
+    if (sequence_.is_valid()) {
+      more = read_ < PySequence_Fast_GET_SIZE(sequence_.ptr());
+    } else {
+      if (!fetched_) Fetch();
+      more = pending_.is_valid();
+    }
+    if (more) {
+      throw nb::value_error(
+          with_counts_ ? ("Too many leaves for PyTreeDef; expected " +
+                          std::to_string(expected_) + ".")
+                             .c_str()
+                       : "Too many leaves for PyTreeDef");
+    }
+  }
+
+ private:
+  void Fetch() {
+    fetched_ = true;
+    pending_ = nb::steal(PyIter_Next(iterator_.ptr()));
+    if (!pending_.is_valid() && PyErr_Occurred()) throw nb::python_error();
+  }
+
+  [[noreturn]] void ThrowTooFew() const {
+    throw nb::value_error(
+        with_counts_ ? ("Too few leaves for PyTreeDef; expected " +
+                        std::to_string(expected_) + ", got " +
+                        std::to_string(read_))
+                           .c_str()
+                     : "Too few leaves for PyTreeDef");
+  }
+
+  nb::object sequence_, iterator_;
+  nb::object pending_;  // The iterator's next item, once fetched.
+  bool fetched_ = false;
+  Py_ssize_t read_ = 0;
+  const Py_ssize_t expected_;
+  const bool with_counts_;
+};
 
 }  // namespace
 
 nb::object PyTreeDef::Unflatten(nb::iterable leaves) const {
-  nb::object sequence = CheckedLeaves(leaves, num_leaves());
-  PyObject** items = PySequence_Fast_ITEMS(sequence.ptr());
-  Py_ssize_t next = 0;
-  return BuildBottomUp(
-      traversal_, [&](size_t) { return nb::borrow(items[next++]); },
+  LeafReader reader(leaves, num_leaves(), /*with_counts=*/true);
+  nb::object tree = BuildBottomUp(
+      traversal_, [&](size_t) { return reader.Next(); },
       [](const Node& node, nb::object* children) {
         return MakeNode(node, children);
       });
+  reader.CheckExhausted();
+  return tree;
 }
 
 nb::object PyTreeDef::Walk(const nb::callable& f_node, nb::handle f_leaf,
                            nb::iterable leaves) const {
-  nb::object sequence = CheckedLeaves(leaves, num_leaves());
-  PyObject** items = PySequence_Fast_ITEMS(sequence.ptr());
-  Py_ssize_t next = 0;
-  return BuildBottomUp(
-      traversal_,
-      [&](size_t) { return f_leaf(nb::handle(items[next++])); },
+  LeafReader reader(leaves, num_leaves(), /*with_counts=*/false);
+  nb::object tree = BuildBottomUp(
+      traversal_, [&](size_t) { return f_leaf(reader.Next()); },
       [&](const Node& node, nb::object* children) {
         nb::object tuple = TupleOf(children, node.arity);
         return f_node(tuple, node.node_data.is_valid() ? node.node_data
                                                        : nb::none());
       });
+  reader.CheckExhausted();
+  return tree;
 }
 
 nb::object PyTreeDef::FromIterableTree(nb::handle tree) const {
