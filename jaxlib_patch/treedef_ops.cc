@@ -363,8 +363,9 @@ nb::object PyTreeDef::FromNodeDataAndChildren(
         throw nb::value_error("SharedReference distance must be positive.");
       }
     } else if (node.kind == PyTreeKind::kDict) {
-      if (!PyList_Check(data.ptr())) {
-        throw nb::type_error("The node data of a dict must be its list of keys.");
+      if (!PyList_Check(data.ptr()) && !PyTuple_Check(data.ptr())) {
+        throw nb::type_error(
+            "The node data of a dict must be its keys, as a list or tuple.");
       }
       node.node_data = nb::list(data);
     } else if (node.kind == PyTreeKind::kNamedTuple) {
