@@ -6,7 +6,10 @@
 #   3. the module built with bazel (Debian's bazel-bootstrap), then the same
 #      tests against that build;
 #   4. the module built with AddressSanitizer and UndefinedBehaviorSanitizer
-#      (tests/sanitize.sh), then the module's tests under them.
+#      (tests/sanitize.sh), then the module's tests under them;
+#   5. the custom jaxlib and jax wheels (build/build.py) installed in a second
+#      virtual environment, then the JAX-level tests (tests/jax) and the demo
+#      against them.
 # Usage: bash tests/run.sh [pytest args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,3 +52,16 @@ PYTHONPATH="$bazel_out" JAXLIB_PATCH_EXPECT="$bazel_out" run_suite bazel "$@"
 
 step "sanitizer build (ASan + UBSan)"
 PYTHON="$venv/bin/python" bash tests/sanitize.sh "$@"
+
+step "custom wheels (build/build.py) and the JAX-level tests against them"
+jax_venv=${JAXLIB_PATCH_JAX_VENV:-$root/.venv-jax}
+"$venv/bin/python" build/build.py --no-selfcheck
+[ -x "$jax_venv/bin/python" ] || "$python" -m venv "$jax_venv"
+"$jax_venv/bin/python" -m pip install -q --upgrade pip
+"$jax_venv/bin/python" -m pip install -q --force-reinstall \
+  "$(ls -t dist/jax-*+*-py3-none-any.whl | head -n 1)" \
+  "$(ls -t dist/jaxlib-*+*.whl | head -n 1)"
+"$jax_venv/bin/python" -m pip install -q -r tests/jax/requirements.txt
+(cd "$root/tests" && "$jax_venv/bin/python" -P -m pytest -p no:cacheprovider \
+    --rootdir="$root" -c "$root/pyproject.toml" "$root/tests/jax" "$@")
+"$jax_venv/bin/python" -I examples/demo.py

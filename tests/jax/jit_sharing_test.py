@@ -17,18 +17,17 @@ import dataclasses
 import functools
 import inspect
 
-import pytest
 
-jax = pytest.importorskip("jax")
+import jax
 
-from absl.testing import absltest  # noqa: E402
-from absl.testing import parameterized  # noqa: E402
-import numpy as np  # noqa: E402
+from absl.testing import absltest
+from absl.testing import parameterized
+import numpy as np
 
-import jax.numpy as jnp  # noqa: E402
-from jax import tree_util  # noqa: E402
-from jax._src import test_util as jtu  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+import jax.numpy as jnp
+from jax import tree_util
+from jax._src import test_util as jtu
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 
 class Child:

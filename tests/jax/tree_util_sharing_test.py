@@ -17,17 +17,16 @@ import collections
 import dataclasses
 import pickle
 
-import pytest
 
-jax = pytest.importorskip("jax")
+import jax
 
-from absl.testing import absltest  # noqa: E402
-from absl.testing import parameterized  # noqa: E402
-import numpy as np  # noqa: E402
+from absl.testing import absltest
+from absl.testing import parameterized
+import numpy as np
 
-from jax import tree_util  # noqa: E402
-from jax._src import test_util as jtu  # noqa: E402
-from jax._src import tree_util as tree_util_internal  # noqa: E402
+from jax import tree_util
+from jax._src import test_util as jtu
+from jax._src import tree_util as tree_util_internal
 
 
 class Child:
