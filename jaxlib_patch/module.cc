@@ -150,7 +150,7 @@ NB_MODULE(pytree, m) {
           },
           nb::arg("tree").none(), nb::arg("leaf_predicate").none() = nb::none(),
           nb::sig("def flatten_with_path(self, tree: object | None, "
-                  "leaf_predicate: Callable[[Any, Any], bool] | None = None) "
+                  "leaf_predicate: typing.Callable[[Any, Any], bool] | None = None) "
                   "-> tuple[list[tuple[_KeyPath, Any]], PyTreeDef]"))
       .def("flatten_one_level", &FlattenOneLevel, nb::arg("tree").none(),
            nb::sig("def flatten_one_level(self, tree: object | None) -> "
