@@ -158,8 +158,9 @@ class PyTreeDef {
       nb::handle_t<PyTreeRegistry> registry_ref,
       std::optional<std::pair<nb::type_object, nb::object>> node_data,
       nb::iterable children);
+  // Takes a list, as stock does, whatever its signature says.
   static nb::object Tuple(nb::handle_t<PyTreeRegistry> registry_ref,
-                          std::vector<const PyTreeDef*> treedefs);
+                          nb::list treedefs);
   // The key path from the root to the node at `index`, for error messages.
   std::string PathTo(Py_ssize_t index) const;
 

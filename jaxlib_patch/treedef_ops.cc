@@ -381,13 +381,13 @@ nb::object PyTreeDef::FromNodeDataAndChildren(
 }
 
 nb::object PyTreeDef::Tuple(nb::handle_t<PyTreeRegistry> registry_ref,
-                            std::vector<const PyTreeDef*> treedefs) {
+                            nb::list treedefs) {
   PyTreeRegistry* registry = nb::cast<PyTreeRegistry*>(registry_ref);
   PyTreeDef tuple(registry, nb::borrow(registry_ref));
   Node node;
   node.kind = PyTreeKind::kTuple;
-  for (const PyTreeDef* item : treedefs) {
-    const PyTreeDef& treedef = *item;
+  for (nb::handle item : treedefs) {
+    const PyTreeDef& treedef = CastTreeDef(item);
     if (treedef.registry_ != registry) {
       throw nb::value_error(
           "PyTree registries of PyTreeDefs passed to Tuple() must match.");
