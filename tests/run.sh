@@ -62,6 +62,9 @@ jax_venv=${JAXLIB_PATCH_JAX_VENV:-$root/.venv-jax}
   "$(ls -t dist/jax-*+*-py3-none-any.whl | head -n 1)" \
   "$(ls -t dist/jaxlib-*+*.whl | head -n 1)"
 "$jax_venv/bin/python" -m pip install -q -r tests/jax/requirements.txt
-(cd "$root/tests" && "$jax_venv/bin/python" -P -m pytest -p no:cacheprovider \
+# Stock jax's reference numbers for the peer-library test come from the
+# module tests' venv, which holds stock jax and jaxlib.
+(cd "$root/tests" && JAXLIB_PATCH_STOCK_PYTHON="$venv/bin/python" \
+    "$jax_venv/bin/python" -P -m pytest -p no:cacheprovider \
     --rootdir="$root" -c "$root/pyproject.toml" "$root/tests/jax" "$@")
 "$jax_venv/bin/python" -I examples/demo.py

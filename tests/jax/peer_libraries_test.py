@@ -1,0 +1,62 @@
+"""Equinox and Flax NNX training steps give stock JAX's numbers.
+
+The reference numbers come from running `peer_steps.py` under stock jax and
+jaxlib 0.10.2, with the interpreter named by JAXLIB_PATCH_STOCK_PYTHON
+(tests/run.sh points it at the venv of the module tests).
+"""
+
+import json
+import os
+import subprocess
+
+from absl.testing import absltest
+import numpy as np
+
+from jax._src import test_util as jtu
+
+import peer_steps
+
+_STOCK_PYTHON = "JAXLIB_PATCH_STOCK_PYTHON"
+
+
+def _stock_results():
+  python = os.environ.get(_STOCK_PYTHON)
+  if not python:
+    raise RuntimeError(
+        f"{_STOCK_PYTHON} must name a Python with stock jax 0.10.2, equinox "
+        "and flax installed")
+  done = subprocess.run([python, "-I", peer_steps.__file__],
+                        capture_output=True, text=True, check=True)
+  return json.loads(done.stdout)
+
+
+class PeerLibrariesTest(jtu.JaxTestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.stock = _stock_results()
+    cls.patched = peer_steps.run_all()
+
+  def test_the_two_runs_use_the_two_pytree_modules(self):
+    self.assertEqual(self.stock["pytree_module"], "jaxlib._jax.pytree")
+    self.assertEqual(self.patched["pytree_module"], "jaxlib_patch.pytree")
+
+  def _assert_same_step(self, name):
+    stock, patched = self.stock[name], self.patched[name]
+    np.testing.assert_allclose(patched["losses"], stock["losses"], rtol=1e-6)
+    self.assertEqual(len(patched["params"]), len(stock["params"]))
+    for ours, theirs in zip(patched["params"], stock["params"]):
+      np.testing.assert_allclose(ours, theirs, rtol=1e-6, atol=1e-7)
+    # The step did train: the second loss is lower.
+    self.assertLess(patched["losses"][1], patched["losses"][0])
+
+  def test_equinox_mlp_training_step_matches_stock(self):
+    self._assert_same_step("equinox_mlp")
+
+  def test_flax_nnx_linear_training_step_matches_stock(self):
+    self._assert_same_step("nnx_linear")
+
+
+if __name__ == "__main__":
+  absltest.main(testLoader=jtu.JaxTestLoader())
