@@ -14,9 +14,9 @@
 namespace jaxlib_patch {
 
 uintptr_t RecursionGuard::StackLimit() {
-  // Computed once per thread. A quarter of the stack (at least 256 KiB) is
-  // kept free for the Python code that flatten functions run at the deepest
-  // level.
+  // Computed once per thread. A quarter of the stack (at least 64 KiB, at
+  // most half of a small stack) is kept free for the Python code that
+  // flatten functions run at the deepest level.
   static thread_local uintptr_t limit = [] {
     pthread_attr_t attr;
     void* base = nullptr;
@@ -24,8 +24,9 @@ uintptr_t RecursionGuard::StackLimit() {
     if (pthread_getattr_np(pthread_self(), &attr) != 0) return uintptr_t{0};
     pthread_attr_getstack(&attr, &base, &size);
     pthread_attr_destroy(&attr);
-    const size_t reserve = std::max<size_t>(size / 4, 256 << 10);
-    return reinterpret_cast<uintptr_t>(base) + std::min(reserve, size);
+    const size_t reserve =
+        std::min<size_t>(std::max<size_t>(size / 4, 64 << 10), size / 2);
+    return reinterpret_cast<uintptr_t>(base) + reserve;
   }();
   return limit;
 }
@@ -414,6 +415,22 @@ class SharingChecker {
   throw nb::value_error(message.c_str());
 }
 
+// Checks a tuple, list or namedtuple against its node, in stock's words.
+void CheckSequence(nb::handle object, Py_ssize_t arity, bool right_type,
+                   const char* type_name, const char* arity_label,
+                   const char* value_label) {
+  if (!right_type) {
+    ThrowMismatch(std::string("Expected ") + type_name + ", got " +
+                  Repr(object) + ".");
+  }
+  const Py_ssize_t size = PySequence_Fast_GET_SIZE(object.ptr());
+  if (size != arity) {
+    ThrowMismatch(std::string(arity_label) + " arity mismatch: " +
+                  std::to_string(size) + " != " + std::to_string(arity) +
+                  "; " + value_label + ": " + Repr(object) + ".");
+  }
+}
+
 }  // namespace
 
 nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
@@ -460,27 +477,13 @@ nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
         }
         break;
       case PyTreeKind::kTuple:
-        if (!PyTuple_CheckExact(object.ptr())) {
-          ThrowMismatch("Expected tuple, got " + Repr(object) + ".");
-        }
-        if (PyTuple_GET_SIZE(object.ptr()) != node.arity) {
-          ThrowMismatch("Tuple arity mismatch: " +
-                        std::to_string(PyTuple_GET_SIZE(object.ptr())) +
-                        " != " + std::to_string(node.arity) +
-                        "; tuple: " + Repr(object) + ".");
-        }
+        CheckSequence(object, node.arity, PyTuple_CheckExact(object.ptr()),
+                      "tuple", "Tuple", "tuple");
         push_items(object);
         break;
       case PyTreeKind::kList:
-        if (!PyList_CheckExact(object.ptr())) {
-          ThrowMismatch("Expected list, got " + Repr(object) + ".");
-        }
-        if (PyList_GET_SIZE(object.ptr()) != node.arity) {
-          ThrowMismatch("List arity mismatch: " +
-                        std::to_string(PyList_GET_SIZE(object.ptr())) +
-                        " != " + std::to_string(node.arity) +
-                        "; list: " + Repr(object) + ".");
-        }
+        CheckSequence(object, node.arity, PyList_CheckExact(object.ptr()),
+                      "list", "List", "list");
         push_items(object);
         break;
       case PyTreeKind::kDict: {
@@ -499,15 +502,10 @@ nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
         break;
       }
       case PyTreeKind::kNamedTuple:
-        if (!PyTuple_Check(object.ptr()) || !nb::hasattr(object, "_fields")) {
-          ThrowMismatch("Expected named tuple, got " + Repr(object) + ".");
-        }
-        if (PyTuple_GET_SIZE(object.ptr()) != node.arity) {
-          ThrowMismatch("Named tuple arity mismatch: " +
-                        std::to_string(PyTuple_GET_SIZE(object.ptr())) +
-                        " != " + std::to_string(node.arity) +
-                        "; tuple: " + Repr(object) + ".");
-        }
+        CheckSequence(object, node.arity,
+                      PyTuple_Check(object.ptr()) &&
+                          nb::hasattr(object, "_fields"),
+                      "named tuple", "Named tuple", "tuple");
         if (!node.node_data.is(nb::handle(
                 reinterpret_cast<PyObject*>(Py_TYPE(object.ptr()))))) {
           ThrowMismatch("Named tuple type mismatch: expected type: " +

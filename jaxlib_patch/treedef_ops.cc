@@ -1,7 +1,6 @@
 // Operations on treedefs themselves: counts, equality, hash, repr, children,
 // node_data, compose, from_node_data_and_children, treedef_tuple, validation.
 
-#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -127,106 +126,94 @@ std::vector<Py_ssize_t> PyTreeDef::ChildIndices(Py_ssize_t index) const {
 }
 
 std::string PyTreeDef::ToString() const {
-  // Shared nodes are labelled in reading order, SRFI-38 style: the first
-  // occurrence prints as `#1=CustomNode(...)`, later ones as `#1#`. A
-  // reference to a node outside this treedef prints as `#^d#`, d positions
-  // back.
+  // Written top-down in one pass, so the time is linear in the size even for
+  // very deep trees. Shared nodes are labelled SRFI-38 style, numbered in
+  // reading order: the first occurrence prints as `#1=CustomNode(...)`,
+  // later ones as `#1#`. (A target always comes before its references in
+  // reading order: they lie in disjoint subtrees, which pre- and post-order
+  // visit in the same order.) A reference to a node outside this treedef
+  // prints as `#^d#`, d positions back.
+  constexpr int kTarget = -1;
   std::vector<int> label(traversal_.size(), 0);
-  std::vector<Py_ssize_t> targets;
   for (size_t i = 0; i < traversal_.size(); ++i) {
     const Py_ssize_t distance = traversal_[i].shared_distance;
     if (distance != 0 && distance <= static_cast<Py_ssize_t>(i)) {
-      targets.push_back(i - distance);
+      label[i - distance] = kTarget;
     }
   }
-  if (!targets.empty()) {
-    // A node's position in reading (pre-)order is the start of its subtree
-    // in the post-order traversal plus its depth.
-    std::vector<Py_ssize_t> depth(traversal_.size(), 0);
-    std::vector<std::pair<Py_ssize_t, Py_ssize_t>> open;  // (children left, depth)
-    for (Py_ssize_t i = traversal_.size() - 1; i >= 0; --i) {
-      while (!open.empty() && open.back().first == 0) open.pop_back();
-      if (!open.empty()) {
-        depth[i] = open.back().second;
-        --open.back().first;
-      }
-      if (traversal_[i].arity > 0) {
-        open.push_back({traversal_[i].arity, depth[i] + 1});
-      }
-    }
-    auto reading_position = [&](Py_ssize_t i) {
-      return i - traversal_[i].num_nodes + 1 + depth[i];
-    };
-    std::sort(targets.begin(), targets.end(), [&](Py_ssize_t a, Py_ssize_t b) {
-      return reading_position(a) < reading_position(b);
-    });
-    targets.erase(std::unique(targets.begin(), targets.end()), targets.end());
-    for (size_t k = 0; k < targets.size(); ++k) label[targets[k]] = k + 1;
-  }
+  int labels_used = 0;
 
-  std::vector<std::string> agenda;
-  for (size_t i = 0; i < traversal_.size(); ++i) {
-    const Node& node = traversal_[i];
-    if (node.is_reference()) {
-      agenda.push_back(node.shared_distance <= static_cast<Py_ssize_t>(i)
-                           ? "#" + std::to_string(label[i - node.shared_distance]) + "#"
-                           : "#^" + std::to_string(node.shared_distance) + "#");
+  std::string out = "PyTreeDef(";
+  // Work still to do, last first: a traversal index to print, or text.
+  struct Step {
+    Py_ssize_t index;  // -1 for text.
+    std::string text;
+  };
+  std::vector<Step> steps;
+  if (!traversal_.empty()) steps.push_back({Py_ssize_t(traversal_.size()) - 1, {}});
+  while (!steps.empty()) {
+    Step step = std::move(steps.back());
+    steps.pop_back();
+    if (step.index < 0) {
+      out += step.text;
       continue;
     }
-    if (static_cast<Py_ssize_t>(agenda.size()) < node.arity) {
-      throw std::logic_error("Too few elements for PyTreeDef node.");
+    const Py_ssize_t i = step.index;
+    const Node& node = traversal_[i];
+    if (node.is_reference()) {
+      out += node.shared_distance <= i
+                 ? "#" + std::to_string(label[i - node.shared_distance]) + "#"
+                 : "#^" + std::to_string(node.shared_distance) + "#";
+      continue;
     }
-    auto first = agenda.end() - node.arity;
-    auto join = [&](const char* separator) {
-      std::string joined;
-      for (auto it = first; it != agenda.end(); ++it) {
-        if (it != first) joined += separator;
-        joined += *it;
-      }
-      return joined;
-    };
-    std::string text;
+    if (label[i] == kTarget) {
+      label[i] = ++labels_used;
+      out += "#" + std::to_string(label[i]) + "=";
+    }
+    std::string open, close;
     switch (node.kind) {
       case PyTreeKind::kLeaf:
-        text = "*";
-        break;
+        out += "*";
+        continue;
       case PyTreeKind::kNone:
-        text = "None";
-        break;
+        out += "None";
+        continue;
       case PyTreeKind::kTuple:
-        text = "(" + join(", ") + (node.arity == 1 ? ",)" : ")");
+        open = "(";
+        close = node.arity == 1 ? ",)" : ")";
         break;
       case PyTreeKind::kList:
-        text = "[" + join(", ") + "]";
+        open = "[";
+        close = "]";
         break;
-      case PyTreeKind::kDict: {
-        text = "{";
-        for (Py_ssize_t k = 0; k < node.arity; ++k) {
-          if (k > 0) text += ", ";
-          text += Repr(PyList_GET_ITEM(node.node_data.ptr(), k)) + ": " +
-                  first[k];
-        }
-        text += "}";
+      case PyTreeKind::kDict:
+        open = "{";
+        close = "}";
         break;
-      }
       case PyTreeKind::kNamedTuple:
-        text = "CustomNode(namedtuple[" + TypeName(node.node_data) + "], [" +
-               join(", ") + "])";
+        open = "CustomNode(namedtuple[" + TypeName(node.node_data) + "], [";
+        close = "])";
         break;
       case PyTreeKind::kCustom:
       case PyTreeKind::kDataclass:
-        text = "CustomNode(" + TypeName(node.custom->type) + "[" +
-               Str(node.node_data) + "], [" + join(", ") + "])";
+        open = "CustomNode(" + TypeName(node.custom->type) + "[" +
+               Str(node.node_data) + "], [";
+        close = "])";
         break;
     }
-    if (label[i] != 0) text = "#" + std::to_string(label[i]) + "=" + text;
-    agenda.erase(first, agenda.end());
-    agenda.push_back(std::move(text));
+    out += open;
+    steps.push_back({-1, std::move(close)});
+    const std::vector<Py_ssize_t> children = ChildIndices(i);
+    for (Py_ssize_t k = node.arity - 1; k >= 0; --k) {
+      steps.push_back({children[k], {}});
+      std::string before = k > 0 ? ", " : "";
+      if (node.kind == PyTreeKind::kDict) {
+        before += Repr(PyList_GET_ITEM(node.node_data.ptr(), k)) + ": ";
+      }
+      if (!before.empty()) steps.push_back({-1, std::move(before)});
+    }
   }
-  if (agenda.size() != 1) {
-    throw std::logic_error("PyTreeDef traversal did not yield a singleton.");
-  }
-  return "PyTreeDef(" + agenda.back() + ")";
+  return out + ")";
 }
 
 std::string PyTreeDef::PathTo(Py_ssize_t index) const {
