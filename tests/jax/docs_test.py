@@ -1,0 +1,135 @@
+# Copyright 2026 The JAX Authors.
+#
+# Licensed under the Apache License, Version 2.0 (the "License");
+# you may not use this file except in compliance with the License.
+# You may obtain a copy of the License at
+#
+#     https://www.apache.org/licenses/LICENSE-2.0
+#
+# Unless required by applicable law or agreed to in writing, software
+# distributed under the License is distributed on an "AS IS" BASIS,
+# WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
+# See the License for the specific language governing permissions and
+# limitations under the License.
+"""The ```python blocks of docs/guide.md, docs/api.md and docs/proposal.md run.
+
+Each document's blocks run in order, in one fresh module namespace per
+document (a block may use what an earlier block of the same document
+defined). A block whose fence is preceded (on the last non-blank line) by
+``<!-- not run -->`` is skipped; other fences (```sh, ```text, ...) are not
+Python and are never run. The blocks carry their own ``assert``s, so a
+document whose examples no longer match the code fails here.
+
+Tracebacks point into the Markdown file at the block's own line numbers.
+"""
+
+import pathlib
+import re
+import sys
+import textwrap
+import types
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DOCS = ("docs/guide.md", "docs/api.md", "docs/proposal.md")
+NOT_RUN = "<!-- not run -->"
+FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
+
+
+class Block:
+  def __init__(self, language, first_line, lines, skipped):
+    self.language = language
+    self.first_line = first_line  # 1-based line of the first code line
+    self.source = textwrap.dedent("\n".join(lines))
+    self.skipped = skipped
+
+
+def fenced_blocks(text):
+  """All fenced code blocks of a Markdown text, in order."""
+  lines = text.splitlines()
+  blocks = []
+  i = 0
+  while i < len(lines):
+    m = FENCE.match(lines[i])
+    if not m:
+      i += 1
+      continue
+    fence, info = m.group("fence"), m.group("info").strip()
+    language = info.split()[0].lower() if info else ""
+    previous = next((l.strip() for l in reversed(lines[:i]) if l.strip()), "")
+    start = i + 1
+    j = start
+    while j < len(lines):
+      close = FENCE.match(lines[j])
+      if (close and close.group("fence")[0] == fence[0]
+          and len(close.group("fence")) >= len(fence)
+          and not close.group("info").strip()):
+        break
+      j += 1
+    else:
+      raise AssertionError(f"unclosed code fence at line {i + 1}")
+    blocks.append(Block(language, start + 1, lines[start:j],
+                        previous == NOT_RUN))
+    i = j + 1
+  return blocks
+
+
+def python_blocks(doc):
+  return [b for b in fenced_blocks((ROOT / doc).read_text())
+          if b.language in ("python", "py")]
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_doc_has_python_examples(doc):
+  blocks = python_blocks(doc)
+  assert [b for b in blocks if not b.skipped], f"{doc} has no python block"
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_doc_python_blocks_run(doc):
+  path = ROOT / doc
+  name = "docs_" + path.stem
+  module = types.ModuleType(name)
+  module.__file__ = str(path)
+  # A real module in sys.modules: classes defined by the blocks can be
+  # pickled by reference, and dataclasses find their module.
+  sys.modules[name] = module
+  try:
+    for number, block in enumerate(python_blocks(doc), 1):
+      if block.skipped:
+        continue
+      # Pad so that line numbers in tracebacks are the Markdown file's.
+      source = "\n" * (block.first_line - 1) + block.source
+      code = compile(source, str(path), "exec")
+      try:
+        exec(code, module.__dict__)  # pylint: disable=exec-used
+      except BaseException as e:
+        raise AssertionError(
+            f"{doc}: python block {number} (line {block.first_line}) failed: "
+            f"{type(e).__name__}: {e}") from e
+  finally:
+    del sys.modules[name]
+
+
+def test_few_blocks_are_marked_not_run():
+  skipped = [(doc, b.first_line) for doc in DOCS for b in python_blocks(doc)
+             if b.skipped]
+  assert len(skipped) <= 3, f"too many python blocks marked not run: {skipped}"
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_doc_images_and_local_links_exist(doc):
+  path = ROOT / doc
+  text = path.read_text()
+  for target in re.findall(r"\]\(([^)\s#]+)(?:#[^)]*)?\)", text):
+    if re.match(r"^[a-z]+:", target):
+      continue  # a URL
+    assert (path.parent / target).exists(), f"{doc} links to missing {target}"
+
+
+def test_readme_links_the_docs_and_names_the_plot_command():
+  readme = (ROOT / "README.md").read_text()
+  for doc in DOCS:
+    assert doc in readme, f"README.md does not link {doc}"
+  assert "python bench/plots.py" in readme
