@@ -33,8 +33,7 @@ uintptr_t RecursionGuard::StackLimit() {
 
 std::string CycleMessage(nb::handle obj) {
   return "Cannot flatten an object of type " +
-         nb::cast<std::string>(nb::str(nb::handle(
-             reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr()))))) +
+         Str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr())))) +
          " that contains itself: types registered with "
          "preserve_relative_identities=True may be shared, but must not form "
          "cycles.";
@@ -42,7 +41,6 @@ std::string CycleMessage(nb::handle obj) {
 
 namespace {
 
-std::string Repr(nb::handle obj) { return nb::cast<std::string>(nb::repr(obj)); }
 
 bool PredicateSaysLeaf(nb::handle result) {
   if (result.ptr() == Py_True) return true;
@@ -86,6 +84,26 @@ void CheckKeyChildPair(nb::handle pair) {
          Repr(pair))
             .c_str());
   }
+}
+
+// A namedtuple's `_fields`, checked against its items as stock checks them
+// (a namedtuple-like class may declare fields that do not match).
+nb::object NamedTupleFields(nb::handle tuple) {
+  nb::object fields = nb::handle(reinterpret_cast<PyObject*>(
+                                     Py_TYPE(tuple.ptr())))
+                          .attr("_fields");
+  if (PyObject_Length(fields.ptr()) != PyTuple_GET_SIZE(tuple.ptr())) {
+    PyErr_Clear();
+    throw nb::value_error(
+        "A namedtuple's _fields attribute should have the same size as the "
+        "tuple.");
+  }
+  return fields;
+}
+
+// A GetAttrKey for field `i` of checked `fields` (names are str()-ed).
+nb::object FieldKey(nb::handle fields, Py_ssize_t i) {
+  return MakeGetAttrKey(nb::str(fields[i]));
 }
 
 // The tuple of a dataclass node's meta field values.
@@ -153,7 +171,7 @@ class Flattener {
       case PyTreeKind::kList: {
         nb::object fields;
         if (kWithPath && node.kind == PyTreeKind::kNamedTuple) {
-          fields = GetAttr(obj, nb::str("_fields"));
+          fields = NamedTupleFields(obj);
         }
         if (node.kind == PyTreeKind::kNamedTuple) {
           node.node_data = nb::borrow(
@@ -166,7 +184,7 @@ class Flattener {
               nb::borrow(PySequence_Fast_GET_ITEM(obj.ptr(), node.arity));
           if constexpr (kWithPath) {
             if (node.kind == PyTreeKind::kNamedTuple) {
-              FlattenChild(child, MakeGetAttrKey(fields[node.arity]));
+              FlattenChild(child, FieldKey(fields, node.arity));
             } else {
               FlattenChild(child, MakeSequenceKey(node.arity));
             }
@@ -205,12 +223,17 @@ class Flattener {
         node.node_data = std::move(aux);
         // All children are taken before any is flattened, as stock does: a
         // failing iterator fails before any callback on its first items.
-        std::vector<nb::object> children;
+        // They wait in `pending_`, one buffer for the whole flatten, which
+        // spares an allocation per node.
+        const size_t first = pending_.size();
         ForEach(iterator, [&](nb::object child) {
           if (with_keys) CheckKeyChildPair(child);
-          children.push_back(std::move(child));
+          pending_.push_back(std::move(child));
         });
-        for (const nb::object& child : children) {
+        const size_t end = pending_.size();
+        for (size_t k = first; k < end; ++k) {
+          // A copy: the recursion may grow `pending_` and move its items.
+          const nb::object child = pending_[k];
           if constexpr (kWithPath) {
             if (with_keys) {
               FlattenChild(nb::borrow(PyTuple_GET_ITEM(child.ptr(), 1)),
@@ -223,6 +246,7 @@ class Flattener {
           }
           ++node.arity;
         }
+        pending_.resize(first);
         break;
       }
       case PyTreeKind::kDataclass: {
@@ -309,6 +333,7 @@ class Flattener {
   std::vector<Node>& traversal_;
   nb::list& leaves_;
   std::vector<nb::object> path_;  // Keys from the root; flatten_with_path.
+  std::vector<nb::object> pending_;  // Children of custom nodes, in waiting.
   std::optional<IdentityScope> scope_;  // Created at the first opted-in node.
 };
 
@@ -497,7 +522,13 @@ nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
                         Repr(keys) + ".");
         }
         for (nb::handle key : keys) {
-          agenda.push_back(nb::borrow(PyDict_GetItem(object.ptr(), key.ptr())));
+          // Keys' __hash__/__eq__ may raise, or change the dict.
+          PyObject* value = PyDict_GetItemWithError(object.ptr(), key.ptr());
+          if (value == nullptr) {
+            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key.ptr());
+            throw nb::python_error();
+          }
+          agenda.push_back(nb::borrow(value));
         }
         break;
       }
@@ -603,10 +634,10 @@ nb::object FlattenOneLevelImpl(const PyTreeRegistry& registry,
     case PyTreeKind::kNamedTuple: {
       nb::handle type(reinterpret_cast<PyObject*>(Py_TYPE(tree.ptr())));
       if constexpr (kWithKeys) {
-        nb::object fields = type.attr("_fields");
+        nb::object fields = NamedTupleFields(tree);
         return nb::make_tuple(
             PairsWithKeys(tree, [&](Py_ssize_t i) {
-              return MakeGetAttrKey(fields[i]);
+              return FieldKey(fields, i);
             }),
             type);
       } else {

@@ -9,8 +9,6 @@ namespace jaxlib_patch {
 
 namespace {
 
-std::string Repr(nb::handle obj) { return nb::cast<std::string>(nb::repr(obj)); }
-
 // A DictKey holds any object, so it can be part of a reference cycle.
 int DictKeyTraverse(PyObject* self, visitproc visit, void* arg) {
   Py_VISIT(Py_TYPE(self));
@@ -91,9 +89,12 @@ void BindKeys(nb::module_& m) {
                                       nb::type_slots(dict_key_slots));
   dict_key.def(nb::init<nb::object>(), nb::arg("key").none())
       .def_ro("key", &DictKey::key)
-      .def("__str__", [](const DictKey& k) { return "[" + Repr(k.key) + "]"; })
+      .def("__str__",
+           [](const DictKey& k) { return FromUtf8("[" + Repr(k.key) + "]"); })
       .def("__repr__",
-           [](const DictKey& k) { return "DictKey(key=" + Repr(k.key) + ")"; })
+           [](const DictKey& k) {
+             return FromUtf8("DictKey(key=" + Repr(k.key) + ")");
+           })
       .def("__hash__", [](const DictKey& k) { return nb::hash(k.key); });
   BindCommon(dict_key, "key", &DictKey::key);
 
@@ -102,12 +103,10 @@ void BindKeys(nb::module_& m) {
   get_attr_key.def(nb::init<nb::str>(), nb::arg("name"))
       .def_ro("name", &GetAttrKey::name)
       .def("__str__",
-           [](const GetAttrKey& k) {
-             return "." + nb::cast<std::string>(k.name);
-           })
+           [](const GetAttrKey& k) { return FromUtf8("." + Str(k.name)); })
       .def("__repr__",
            [](const GetAttrKey& k) {
-             return "GetAttrKey(name='" + nb::cast<std::string>(k.name) + "')";
+             return FromUtf8("GetAttrKey(name='" + Str(k.name) + "')");
            })
       .def("__hash__", [](const GetAttrKey& k) { return nb::hash(k.name); });
   BindCommon(get_attr_key, "name", &GetAttrKey::name);

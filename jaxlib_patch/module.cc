@@ -55,7 +55,7 @@ bool CheckFlag(nb::handle flag) {
   if (!PyBool_Check(flag.ptr())) {
     throw nb::type_error(
         ("preserve_relative_identities must be a bool, got " +
-         nb::cast<std::string>(nb::repr(flag)) + ".")
+         Repr(flag) + ".")
             .c_str());
   }
   return flag.ptr() == Py_True;

@@ -150,7 +150,7 @@ class PyTreeDef {
   Py_ssize_t num_nodes() const { return traversal_.size(); }
   bool Equals(const PyTreeDef& other) const;
   size_t Hash() const;
-  std::string ToString() const;
+  nb::str ToString() const;
   std::vector<nb::object> Children() const;
   nb::object NodeData() const;
   nb::object Compose(const PyTreeDef& inner) const;
@@ -203,11 +203,22 @@ nb::object WrapTreeDef(PyTreeDef&& treedef);
 // Raises TypeError unless `obj` is a PyTreeDef; returns it.
 const PyTreeDef& CastTreeDef(nb::handle obj);
 
-// The Python names of builtin node types, used by repr and errors.
+// Python text as UTF-8, for reprs and messages. Lone surrogates (legal in a
+// Python str, not in UTF-8) pass through, so no key or type name can make a
+// repr fail; FromUtf8 turns such text back into a Python str.
+std::string Str(nb::handle obj);
+std::string Repr(nb::handle obj);
+nb::str FromUtf8(const std::string& text);
+
+// The `__name__` of a type, used by repr and errors.
 std::string TypeName(nb::handle type);
 
 // Sorts a dict's keys the way every operation here orders them.
 nb::list SortedDictKeys(nb::handle dict);
+
+// A node's data as handed to Python code: a dict's key list is copied, since
+// the treedef indexes into it and must stay immutable; other data as is.
+nb::object ExportedNodeData(const Node& node);
 
 // PyTreeRegistry.flatten_one_level(_with_keys) and all_leaves.
 nb::object FlattenOneLevel(const PyTreeRegistry& registry, nb::handle tree);

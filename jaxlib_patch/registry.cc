@@ -41,7 +41,7 @@ void PyTreeRegistry::Insert(std::unique_ptr<Registration> registration) {
                              "registration for "
                            : "Duplicate custom PyTreeDef type registration for ";
     throw nb::value_error(
-        (what + nb::cast<std::string>(nb::repr(registration->type)) + ".")
+        (what + Repr(registration->type) + ".")
             .c_str());
   }
 }

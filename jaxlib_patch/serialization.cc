@@ -15,9 +15,10 @@
 namespace jaxlib_patch {
 
 nb::object PyTreeDef::GetState() const {
+  registry();  // Raises on a treedef emptied by the garbage collector.
   nb::list nodes;
   for (const Node& node : traversal_) {
-    nb::object data = node.node_data.is_valid() ? node.node_data : nb::none();
+    nb::object data = ExportedNodeData(node);
     nb::object type = node.custom != nullptr ? node.custom->type : nb::none();
     if (node.is_reference()) {
       nodes.append(nb::make_tuple(static_cast<int>(node.kind), node.arity,
@@ -64,7 +65,13 @@ void PyTreeDef::SetState(nb::handle state) {
                           node.kind == PyTreeKind::kNamedTuple ||
                           node.kind == PyTreeKind::kCustom ||
                           node.kind == PyTreeKind::kDataclass;
-    if (has_data && !node.is_reference()) node.node_data = fields[2];
+    if (has_data && !node.is_reference()) {
+      // A dict's keys are copied: the caller keeps the state's list.
+      node.node_data = node.kind == PyTreeKind::kDict &&
+                               PyList_Check(fields[2].ptr())
+                           ? nb::list(fields[2])
+                           : nb::object(fields[2]);
+    }
     if (node.kind == PyTreeKind::kCustom || node.kind == PyTreeKind::kDataclass) {
       nb::handle type = fields[3];
       node.custom = PyType_Check(type.ptr())
@@ -72,7 +79,7 @@ void PyTreeDef::SetState(nb::handle state) {
                               reinterpret_cast<PyTypeObject*>(type.ptr()))
                         : nullptr;
       if (node.custom == nullptr) {
-        fail("unknown custom type " + nb::cast<std::string>(nb::repr(type)));
+        fail("unknown custom type " + Repr(type));
       }
     }
     traversal_.push_back(std::move(node));
@@ -189,8 +196,13 @@ nb::bytes PyTreeDef::SerializeUsingProto() const {
                 "Only string keys are supported in proto pytree "
                 "serialization.");
           }
-          auto [it, inserted] =
-              string_ids.try_emplace(nb::cast<std::string>(key), interned.size());
+          // Proto strings are UTF-8: a key with a lone surrogate raises
+          // UnicodeEncodeError (a ValueError).
+          Py_ssize_t size;
+          const char* utf8 = PyUnicode_AsUTF8AndSize(key.ptr(), &size);
+          if (utf8 == nullptr) throw nb::python_error();
+          auto [it, inserted] = string_ids.try_emplace(std::string(utf8, size),
+                                                       interned.size());
           if (inserted) interned.push_back(it->first);
           PutVarint(keys, it->second);
         }

@@ -10,8 +10,6 @@ namespace jaxlib_patch {
 
 namespace {
 
-std::string Str(nb::handle obj) { return nb::cast<std::string>(nb::str(obj)); }
-std::string Repr(nb::handle obj) { return nb::cast<std::string>(nb::repr(obj)); }
 
 size_t HashCombine(size_t seed, size_t value) {
   return seed ^ (value + 0x9e3779b97f4a7c15ULL + (seed << 6) + (seed >> 2));
@@ -39,6 +37,23 @@ nb::object TypeOf(const Node& node) {
 }
 
 }  // namespace
+
+static std::string Utf8(nb::handle text) {
+  nb::object bytes = nb::steal(
+      PyUnicode_AsEncodedString(text.ptr(), "utf-8", "surrogatepass"));
+  if (!bytes.is_valid()) throw nb::python_error();
+  return std::string(PyBytes_AS_STRING(bytes.ptr()),
+                     PyBytes_GET_SIZE(bytes.ptr()));
+}
+
+std::string Str(nb::handle obj) { return Utf8(nb::str(obj)); }
+std::string Repr(nb::handle obj) { return Utf8(nb::repr(obj)); }
+
+nb::str FromUtf8(const std::string& text) {
+  PyObject* str = PyUnicode_DecodeUTF8(text.data(), text.size(), "surrogatepass");
+  if (str == nullptr) throw nb::python_error();
+  return nb::steal<nb::str>(str);
+}
 
 std::string TypeName(nb::handle type) { return Str(type.attr("__name__")); }
 
@@ -125,7 +140,7 @@ std::vector<Py_ssize_t> PyTreeDef::ChildIndices(Py_ssize_t index) const {
   return children;
 }
 
-std::string PyTreeDef::ToString() const {
+nb::str PyTreeDef::ToString() const {
   // Written top-down in one pass, so the time is linear in the size even for
   // very deep trees. Shared nodes are labelled SRFI-38 style, numbered in
   // reading order: the first occurrence prints as `#1=CustomNode(...)`,
@@ -213,7 +228,7 @@ std::string PyTreeDef::ToString() const {
       if (!before.empty()) steps.push_back({-1, std::move(before)});
     }
   }
-  return out + ")";
+  return FromUtf8(out + ")");
 }
 
 std::string PyTreeDef::PathTo(Py_ssize_t index) const {
@@ -228,9 +243,14 @@ std::string PyTreeDef::PathTo(Py_ssize_t index) const {
       case PyTreeKind::kDict:
         path += "[" + Repr(PyList_GET_ITEM(node.node_data.ptr(), k)) + "]";
         break;
-      case PyTreeKind::kNamedTuple:
-        path += "." + Str(node.node_data.attr("_fields")[k]);
+      case PyTreeKind::kNamedTuple: {
+        // A forged (unpickled) treedef may name a type with fewer fields.
+        nb::object fields = node.node_data.attr("_fields");
+        path += k < static_cast<size_t>(nb::len(fields))
+                    ? "." + Str(fields[k])
+                    : "[" + std::to_string(k) + "]";
         break;
+      }
       case PyTreeKind::kDataclass:
         path += "." + Str(node.custom->data_fields[k]);
         break;
@@ -259,17 +279,23 @@ std::vector<nb::object> PyTreeDef::Children() const {
   return children;
 }
 
+nb::object ExportedNodeData(const Node& node) {
+  if (!node.node_data.is_valid()) return nb::none();
+  if (node.kind == PyTreeKind::kDict) return nb::list(node.node_data);
+  return node.node_data;
+}
+
 nb::object PyTreeDef::NodeData() const {
+  registry();  // Raises on a treedef emptied by the garbage collector.
   const Node& root = traversal_.back();
   if (root.kind == PyTreeKind::kLeaf) return nb::none();
   nb::object data;
   if (root.is_reference()) {
     data = nb::cast(SharedReference{root.shared_distance});
-  } else if (root.kind == PyTreeKind::kDict) {
-    data = nb::list(root.node_data);  // A copy: the treedef stays immutable.
-  } else if (root.kind == PyTreeKind::kCustom ||
+  } else if (root.kind == PyTreeKind::kDict ||
+             root.kind == PyTreeKind::kCustom ||
              root.kind == PyTreeKind::kDataclass) {
-    data = root.node_data;
+    data = ExportedNodeData(root);
   } else {
     data = nb::none();
   }

@@ -220,8 +220,7 @@ nb::object PyTreeDef::Walk(const nb::callable& f_node, nb::handle f_leaf,
       traversal_, [&](size_t) { return f_leaf(reader.Next()); },
       [&](const Node& node, nb::object* children) {
         nb::object tuple = TupleOf(children, node.arity);
-        return f_node(tuple, node.node_data.is_valid() ? node.node_data
-                                                       : nb::none());
+        return f_node(tuple, ExportedNodeData(node));
       });
   reader.CheckExhausted();
   return tree;
