@@ -216,6 +216,10 @@ std::string TypeName(nb::handle type);
 // Sorts a dict's keys the way every operation here orders them.
 nb::list SortedDictKeys(nb::handle dict);
 
+// A new list with the items of `sequence`. (Spelled out: nanobind's
+// `nb::list(x)` borrows instead of copying when `x` is an accessor.)
+nb::list CopyToList(nb::handle sequence);
+
 // A node's data as handed to Python code: a dict's key list is copied, since
 // the treedef indexes into it and must stay immutable; other data as is.
 nb::object ExportedNodeData(const Node& node);

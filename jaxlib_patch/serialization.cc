@@ -67,10 +67,10 @@ void PyTreeDef::SetState(nb::handle state) {
                           node.kind == PyTreeKind::kDataclass;
     if (has_data && !node.is_reference()) {
       // A dict's keys are copied: the caller keeps the state's list.
-      node.node_data = node.kind == PyTreeKind::kDict &&
-                               PyList_Check(fields[2].ptr())
-                           ? nb::list(fields[2])
-                           : nb::object(fields[2]);
+      nb::handle data = fields[2];
+      node.node_data = node.kind == PyTreeKind::kDict && PyList_Check(data.ptr())
+                           ? CopyToList(data)
+                           : nb::borrow(data);
     }
     if (node.kind == PyTreeKind::kCustom || node.kind == PyTreeKind::kDataclass) {
       nb::handle type = fields[3];

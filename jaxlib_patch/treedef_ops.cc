@@ -279,9 +279,15 @@ std::vector<nb::object> PyTreeDef::Children() const {
   return children;
 }
 
+nb::list CopyToList(nb::handle sequence) {
+  PyObject* list = PySequence_List(sequence.ptr());
+  if (list == nullptr) throw nb::python_error();
+  return nb::steal<nb::list>(list);
+}
+
 nb::object ExportedNodeData(const Node& node) {
   if (!node.node_data.is_valid()) return nb::none();
-  if (node.kind == PyTreeKind::kDict) return nb::list(node.node_data);
+  if (node.kind == PyTreeKind::kDict) return CopyToList(node.node_data);
   return node.node_data;
 }
 
@@ -380,7 +386,7 @@ nb::object PyTreeDef::FromNodeDataAndChildren(
         throw nb::type_error(
             "The node data of a dict must be its keys, as a list or tuple.");
       }
-      node.node_data = nb::list(data);
+      node.node_data = CopyToList(data);
     } else if (node.kind == PyTreeKind::kNamedTuple) {
       node.node_data = nb::borrow(type);
     } else if (node.kind == PyTreeKind::kCustom ||
