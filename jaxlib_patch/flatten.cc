@@ -92,8 +92,8 @@ nb::object NamedTupleFields(nb::handle tuple) {
   nb::object fields = nb::handle(reinterpret_cast<PyObject*>(
                                      Py_TYPE(tuple.ptr())))
                           .attr("_fields");
-  if (PyObject_Length(fields.ptr()) != PyTuple_GET_SIZE(tuple.ptr())) {
-    PyErr_Clear();
+  if (!PyTuple_Check(fields.ptr()) ||
+      PyTuple_GET_SIZE(fields.ptr()) != PyTuple_GET_SIZE(tuple.ptr())) {
     throw nb::value_error(
         "A namedtuple's _fields attribute should have the same size as the "
         "tuple.");
@@ -101,9 +101,13 @@ nb::object NamedTupleFields(nb::handle tuple) {
   return fields;
 }
 
-// A GetAttrKey for field `i` of checked `fields` (names are str()-ed).
+// A GetAttrKey for field `i` of checked `fields`, its name str()-ed as in
+// stock (PyObject_Str: nb::str of an accessor would borrow unchecked).
 nb::object FieldKey(nb::handle fields, Py_ssize_t i) {
-  return MakeGetAttrKey(nb::str(fields[i]));
+  nb::object name =
+      nb::steal(PyObject_Str(PyTuple_GET_ITEM(fields.ptr(), i)));
+  if (!name.is_valid()) throw nb::python_error();
+  return MakeGetAttrKey(name);
 }
 
 // The tuple of a dataclass node's meta field values.

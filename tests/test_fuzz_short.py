@@ -1,0 +1,280 @@
+"""A short, deterministic run of the fuzzer, and what the fuzzer found.
+
+`fuzz/pytree_fuzz.py` drives registries and treedefs through random
+sequences of operations with misbehaving callbacks (see its docstring and
+docs/hardening.md). Here it runs a fixed set of programs of a fixed seed (a
+few seconds) in worker processes, so that a crash is reported, not fatal, and
+the run must have no findings: no crash, no exception of a type other than
+ValueError, TypeError, RuntimeError, RecursionError, KeyError or the
+callbacks' own, no broken invariant.
+
+Below the campaign: one minimal reproducer per finding, each run in a child
+process. They fail until the module is fixed (see docs/hardening.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from jaxlib_patch import pytree as pt
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FUZZER = os.path.join(ROOT, "fuzz", "pytree_fuzz.py")
+MODULE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(pt.__file__)))
+
+
+def child_env():
+  env = dict(os.environ)
+  env["PYTHONPATH"] = MODULE_DIR + os.pathsep + env.get("PYTHONPATH", "")
+  return env
+
+
+def run_campaign(tmp_path, *args):
+  report = tmp_path / "report.json"
+  proc = subprocess.run(
+      [sys.executable, FUZZER, "--seed", "0", "--programs", "500",
+       "--json", str(report), *args],
+      capture_output=True, text=True, timeout=900, env=child_env())
+  print(proc.stdout[-5000:])
+  assert report.exists(), f"the fuzzer did not finish:\n{proc.stderr[-5000:]}"
+  data = json.loads(report.read_text())
+  summary = data["summary"]
+  assert summary["module"] == os.path.realpath(pt.__file__)
+  return summary, data
+
+
+def describe(summary, data):
+  lines = [f"{summary['findings']} findings, {summary['crashes']} crashes"]
+  for f in data["findings"][:5]:
+    lines.append(f"finding in {f['op']} (seed {f['seed']}, program "
+                 f"{f['program']}): {f['exception']}\n{f['traceback']}")
+  for c in data["crashes"][:5]:
+    lines.append(f"crash in program {c['program']} at {c['site']}; replay "
+                 f"with: python fuzz/pytree_fuzz.py --seed {c['seed']} "
+                 f"--program {c['program']} --verbose")
+  return "\n".join(lines)
+
+
+def test_short_campaign_past_the_known_findings(tmp_path):
+  """500 programs, without the generators that reach F1-F3."""
+  summary, data = run_campaign(tmp_path, "--skip-known")
+  assert summary["executions"] > 10_000, summary
+  assert summary["programs"] == 500, summary
+  assert summary["findings"] == 0 and summary["crashes"] == 0, describe(
+      summary, data)
+  # The campaign does reach the module's error paths.
+  for outcome in ("ok", "ValueError", "TypeError", "Boom", "RecursionError"):
+    assert summary["outcomes"].get(outcome, 0) > 0, summary["outcomes"]
+
+
+def test_short_campaign(tmp_path):
+  """500 programs with every generator (fails while F2 or F3 is open)."""
+  summary, data = run_campaign(tmp_path)
+  assert summary["findings"] == 0 and summary["crashes"] == 0, describe(
+      summary, data)
+
+
+# ---------------------------------------------------------------------------
+# Regression tests for the findings, each in a child process.
+# ---------------------------------------------------------------------------
+
+
+def run_snippet(code):
+  proc = subprocess.run([sys.executable, "-P", "-c", textwrap.dedent(code)],
+                        capture_output=True, text=True, timeout=300,
+                        env=child_env())
+  if proc.returncode != 0:
+    how = (f"signal {-proc.returncode}" if proc.returncode < 0 else
+           f"exit status {proc.returncode}")
+    pytest.fail(f"child process failed ({how}):\n{proc.stdout[-3000:]}\n"
+                f"{proc.stderr[-6000:]}", pytrace=False)
+  return proc.stdout
+
+
+@pytest.mark.parametrize("trigger", ["hash raises", "eq removes the key"])
+@pytest.mark.parametrize("value", ["leaf", "node"])
+def test_f1_flatten_up_to_dict_value_lookup_fails(trigger, value):
+  """F1 (fixed in 3742a1f): flatten_up_to read a dict's values with
+  PyDict_GetItem, which swallows errors and returns NULL: a key whose
+  __hash__ raises (or whose __eq__ removes it from the dict) put a NULL into
+  the returned leaves (a crash when read) or into the agenda (a crash at
+  once). Stock jaxlib raises the key's exception."""
+  run_snippet(f"""
+from jaxlib_patch import pytree as pt
+
+class Boom(Exception):
+  pass
+
+ARMED = []
+
+class K:
+  def __init__(self, k):
+    self.k = k
+  def __hash__(self):
+    if {trigger!r} == "hash raises" and ARMED:
+      raise Boom("hash")
+    return hash(self.k)
+  def __eq__(self, other):
+    if {trigger!r} == "eq removes the key" and ARMED and self is KEY:
+      ARMED.clear()
+      del TREE[self]
+    return isinstance(other, K) and other.k == self.k
+  def __lt__(self, other):
+    return self.k < other.k
+
+reg = pt.PyTreeRegistry()
+value = "leaf" if {value!r} == "leaf" else ["a", "b"]
+# The treedef is made from an equal dict with other key objects, so that
+# flatten_up_to compares the keys with __eq__.
+_, td = reg.flatten({{K(1): value}})
+KEY = K(1)
+TREE = {{KEY: value}}
+ARMED.append(True)
+try:
+  leaves = td.flatten_up_to(TREE)
+except (Boom, KeyError, ValueError) as e:
+  print("raised", type(e).__name__)
+else:
+  print("returned", [repr(x) for x in leaves])  # Reads every leaf.
+""")
+
+
+@pytest.mark.parametrize("source", ["__getstate__", "walk"])
+@pytest.mark.parametrize("use", ["repr", "unflatten", "flatten_up_to",
+                                 "node_data"])
+def test_f2_handed_out_dict_keys_are_copies(source, use):
+  """F2 (fixed in 3742a1f for these two): __getstate__() returned, and walk
+  passed to f_node, the treedef's own list of dict keys: clearing it made
+  repr and unflatten read past its end (a crash). Stock hands out copies."""
+  out = run_snippet(f"""
+from jaxlib_patch import pytree as pt
+reg = pt.PyTreeRegistry()
+_, td = reg.flatten({{"a": 1, "b": 2}})
+before = repr(td)
+if {source!r} == "__getstate__":
+  keys = td.__getstate__()[1][-1][2]
+else:
+  seen = []
+  td.walk(lambda c, d: seen.append(d), lambda x: x, [1, 2])
+  keys = seen[-1]
+keys.clear()
+keys.append(object())
+if {use!r} == "repr":
+  assert repr(td) == before, repr(td)
+elif {use!r} == "unflatten":
+  assert td.unflatten([1, 2]) == {{"a": 1, "b": 2}}
+elif {use!r} == "flatten_up_to":
+  assert td.flatten_up_to({{"a": 1, "b": 2}}) == [1, 2]
+else:
+  assert td.node_data() == (dict, ["a", "b"])
+print("ok")
+""")
+  assert out.strip().endswith("ok")
+
+
+def test_f2_setstate_copies_the_callers_dict_keys():
+  """F2, still open at 3742a1f: __setstate__ keeps the caller's list of dict
+  keys: `nb::list(fields[2])` in serialization.cc does not copy, because
+  `fields[2]` is a nanobind accessor, whose conversion to `nb::list` is an
+  unchecked borrow (the explicit `list(handle)` constructor, which copies,
+  is not chosen). Clearing the list afterwards makes repr read past its end
+  (a crash)."""
+  out = run_snippet("""
+from jaxlib_patch import pytree as pt
+reg = pt.PyTreeRegistry()
+registry, entries = reg.flatten({"a": 1, "b": 2})[1].__getstate__()
+entries = [tuple(e) for e in entries]
+keys = entries[-1][2]
+td = pt.PyTreeDef.__new__(pt.PyTreeDef)
+td.__setstate__((registry, entries))
+before = repr(td)
+keys.clear()
+keys.append(object())
+assert repr(td) == before, repr(td)
+assert td.unflatten([1, 2]) == {"a": 1, "b": 2}
+print("ok")
+""")
+  assert out.strip().endswith("ok")
+
+
+@pytest.mark.parametrize("fields", [("only",), ("a", "b", "c"), None, "ab"])
+@pytest.mark.parametrize("op", ["flatten_with_path",
+                                "flatten_one_level_with_keys"])
+def test_f3_namedtuple_fields_that_do_not_match(fields, op):
+  """F3: with keys, a tuple subclass whose `_fields` is not a tuple of one
+  name per item raised IndexError / TypeError or silently paired the wrong
+  names; stock raises ValueError ("A namedtuple's _fields attribute should
+  have the same size as the tuple."). Fixed in 3742a1f for a wrong length;
+  still open: `_fields = "ab"` (a str of the right length) is accepted,
+  where stock wants a tuple."""
+  out = run_snippet(f"""
+from jaxlib_patch import pytree as pt
+class X(tuple):
+  _fields = {fields!r}
+reg = pt.PyTreeRegistry()
+try:
+  getattr(reg, {op!r})(X((1, 2)))
+except ValueError as e:
+  print("ValueError", e)
+""")
+  assert out.startswith("ValueError"), out
+
+
+def test_f3_namedtuple_field_name_that_is_not_a_str():
+  """F3, still open at 3742a1f: a field name that is not a str makes a
+  GetAttrKey that holds an int: `key.name` is 1 (stock: '1') and pickling
+  the key raises RuntimeError: std::bad_cast. `FieldKey` in flatten.cc calls
+  `nb::str(fields[i])` on a nanobind accessor, whose conversion to `nb::str`
+  is an unchecked borrow, not `str()`."""
+  out = run_snippet("""
+import pickle
+from jaxlib_patch import pytree as pt
+class X(tuple):
+  _fields = ("a", 1)
+reg = pt.PyTreeRegistry()
+try:
+  pairs, _ = reg.flatten_with_path(X((1, 2)))
+except ValueError as e:
+  print("ValueError", e)
+else:
+  key = pairs[1][0][0]
+  assert key.name == "1", repr(key.name)
+  assert pickle.loads(pickle.dumps(key)) == key
+  assert reg.flatten_one_level_with_keys(X((1, 2)))[0][1][0].name == "1"
+  print(repr(key), str(key))
+""")
+  assert out.startswith("ValueError") or "name='1'" in out, out
+
+
+def test_f3_forged_namedtuple_arity():
+  """F3 (fixed in 3742a1f): __setstate__ accepts a namedtuple node with more
+  children than its type has fields; a sharing mismatch under it then raised
+  IndexError from the path of the message, instead of ValueError."""
+  out = run_snippet("""
+import collections
+from jaxlib_patch import pytree as pt
+class N:
+  pass
+reg = pt.PyTreeRegistry()
+reg.register_node(N, lambda n: ((), None), lambda a, c: N(),
+                  preserve_relative_identities=True)
+NT1 = collections.namedtuple("NT1", "x")
+NT2 = collections.namedtuple("NT2", "a b")
+n = N()
+registry, nodes = reg.flatten(NT2(n, n))[1].__getstate__()
+nodes = [tuple(e) for e in nodes]
+nodes[-1] = nodes[-1][:2] + (NT1,) + nodes[-1][3:]
+td = pt.PyTreeDef.__new__(pt.PyTreeDef)
+try:
+  td.__setstate__((registry, nodes))
+  td.flatten_up_to(tuple.__new__(NT1, (N(), N())))
+except ValueError as e:
+  print("ValueError", e)
+""")
+  assert out.startswith("ValueError"), out

@@ -1,0 +1,304 @@
+"""Eight threads on one registry and shared DAGs at once, every result checked.
+
+tests/test_leaks_and_threads.py::test_threads runs eight threads over one
+fixed DAG while one of them registers types. This file pushes further:
+
+* every thread registers its own new types (custom and dataclass, opted in or
+  not) into the shared registry *while* the others flatten, and the others
+  pick those new types up and flatten, unflatten and pickle instances of them
+  at once;
+* the flatten functions of the shared types hand the GIL to another thread
+  (`time.sleep(0)`) in the middle of a flatten / unflatten / flatten_up_to, so
+  that threads interleave inside the module's loops, not only between calls;
+* every operation of the module runs somewhere at the same time: flatten,
+  flatten_with_path, flatten_up_to, unflatten, walk, from_iterable_tree,
+  children / node_data / from_node_data_and_children, compose, treedef_tuple,
+  ==, hash, repr, pickle, and `gc.collect()` from worker threads; treedefs
+  made by one thread are compared with those made by the others;
+* every thread also runs its own registry.
+
+Exceptions are collected and the list must be empty. (On free-threaded
+CPython the same test runs without the GIL; this interpreter has one. For the
+ThreadSanitizer run, see docs/hardening.md.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import itertools
+import pickle
+import random
+import sys
+import threading
+import time
+
+from jaxlib_patch import pytree as pt
+
+N_THREADS = 8
+ITERATIONS = 250
+
+_yields = itertools.count()
+
+
+def maybe_yield():
+  """Hands the GIL to another thread every few calls."""
+  if next(_yields) % 3 == 0:
+    time.sleep(0)
+
+
+class Leaf:
+  """A leaf object."""
+
+  def __init__(self, v=0):
+    self.v = v
+
+  def __repr__(self):
+    return f"Leaf({self.v})"
+
+  def __eq__(self, other):
+    return isinstance(other, Leaf) and other.v == self.v
+
+  def __hash__(self):
+    return hash(self.v)
+
+
+class Node:
+  """Opted-in custom node with keys; its functions yield the GIL."""
+
+  def __init__(self, *children, aux="n"):
+    self.children = children
+    self.aux = aux
+
+
+def node_flatten(node):
+  maybe_yield()
+  return node.children, node.aux
+
+
+def node_flatten_with_keys(node):
+  maybe_yield()
+  return tuple((pt.FlattenedIndexKey(i), c)
+               for i, c in enumerate(node.children)), node.aux
+
+
+def node_unflatten(aux, children):
+  maybe_yield()
+  return Node(*children, aux=aux)
+
+
+@dataclasses.dataclass(eq=False)
+class DNode:
+  """Opted-in dataclass node."""
+
+  a: object
+  b: object
+  m: str = "meta"
+
+
+class Plain:
+  """A custom node without the flag."""
+
+  def __init__(self, *children):
+    self.children = children
+
+
+def plain_flatten(p):
+  maybe_yield()
+  return p.children, None
+
+
+def plain_unflatten(_, children):
+  return Plain(*children)
+
+
+REG = pt.PyTreeRegistry()
+REG.__module__ = __name__
+REG.__name__ = "REG"
+REG.register_node(Node, node_flatten, node_unflatten, node_flatten_with_keys,
+                  preserve_relative_identities=True)
+REG.register_dataclass_node(DNode, ["a", "b"], ["m"],
+                            preserve_relative_identities=True)
+REG.register_node(Plain, plain_flatten, plain_unflatten)
+
+# Types registered by the threads, for the others to use: (cls, opted_in).
+# Module attributes, so that pickle finds them.
+NEW_TYPES = []
+NEW_TYPES_LOCK = threading.Lock()
+
+
+def make_dag(tag):
+  """A DAG with sharing at several levels; leaves are distinct objects."""
+  leaves = [Leaf(f"{tag}{i}") for i in range(6)]
+  p = Node(leaves[0], leaves[1])
+  d = DNode(p, leaves[2])
+  q = Node(d, p, leaves[3])
+  tree = [p, {"a": q, "b": d}, Plain(p, d, leaves[4]), (q, [d, leaves[5]])]
+  return tree, leaves
+
+
+def check_dag_output(out, template):
+  """`out` (an unflatten result) shares exactly where make_dag's DAG does."""
+  p, rest, plain, (q, (d, _)) = out
+  assert isinstance(p, Node) and isinstance(q, Node) and isinstance(d, DNode)
+  assert rest["a"] is q and rest["b"] is d
+  assert plain.children[0] is p and plain.children[1] is d
+  assert d.a is p and q.children[0] is d and q.children[1] is p
+  # New objects, not the template's.
+  assert p is not template[0] and d is not template[1]["b"]
+
+
+def new_type(k, i, opted_in, dataclass):
+  name = f"T{k}_{i}_{int(opted_in)}{int(dataclass)}"
+  if dataclass:
+    cls = dataclasses.dataclass(eq=False)(
+        type(name, (), {"__annotations__": {"x": object, "y": object}}))
+    REG.register_dataclass_node(cls, ["x", "y"], [],
+                                preserve_relative_identities=opted_in)
+  else:
+    cls = type(name, (), {"__init__": lambda self, x, y: (
+        setattr(self, "x", x), setattr(self, "y", y), None)[-1]})
+    REG.register_node(cls, lambda o: (maybe_yield(), ((o.x, o.y), None))[1],
+                      lambda a, c: cls(*c),
+                      preserve_relative_identities=opted_in)
+  cls.__module__ = __name__
+  cls.__qualname__ = name
+  setattr(sys.modules[__name__], name, cls)
+  return cls
+
+
+def check_new_type(cls, opted_in):
+  """Flattens [o, o] for a type another thread registered."""
+  leaf = Leaf("x")
+  o = cls(leaf, Leaf("y"))
+  leaves, td = REG.flatten([o, o, o])
+  if opted_in:
+    assert td.num_leaves == 2 and len(leaves) == 2 and td.num_nodes == 6
+    assert "#1=" in repr(td) and repr(td).count("#1#") == 2
+    out = td.unflatten(leaves)
+    assert out[0] is out[1] is out[2] and out[0] is not o
+    assert out[0].x is leaf
+  else:
+    assert td.num_leaves == 6 and td.num_nodes == 10
+    out = td.unflatten(leaves)
+    assert out[0] is not out[1]
+  back = pickle.loads(pickle.dumps(td))
+  assert back == td and hash(back) == hash(td)
+  assert td.flatten_up_to(out) == leaves
+
+
+def test_thread_stress():
+  shared_tree, shared_leaves = make_dag("s")
+  expected_leaves, expected_td = REG.flatten(shared_tree)
+  assert expected_leaves == shared_leaves and len(shared_leaves) == 6
+  expected_repr = repr(expected_td)
+  expected_hash = hash(expected_td)
+  expected_paths = [p for p, _ in REG.flatten_with_path(shared_tree)[0]]
+  expected_children = expected_td.children()
+  # One treedef per thread, compared across threads.
+  published = [None] * N_THREADS
+  errors = []
+  counts = [0] * N_THREADS
+  barrier = threading.Barrier(N_THREADS)
+
+  def worker(k):
+    rng = random.Random(k)
+    own_tree, own_leaves = make_dag(f"t{k}")
+    own_reg = pt.PyTreeRegistry()
+    own_reg.register_node(Node, node_flatten, node_unflatten,
+                          preserve_relative_identities=True)
+    try:
+      barrier.wait()
+      for i in range(ITERATIONS):
+        action = rng.randrange(12)
+        if action == 0:
+          leaves, td = REG.flatten(shared_tree)
+          assert td == expected_td and hash(td) == expected_hash
+          assert all(a is b for a, b in zip(leaves, shared_leaves))
+          assert repr(td) == expected_repr
+          published[k] = td
+        elif action == 1:
+          tree = own_tree if i % 2 else shared_tree
+          leaves, td = REG.flatten(tree)
+          out = td.unflatten(leaves)
+          check_dag_output(out, tree)
+          assert td.flatten_up_to(out) == leaves
+          assert REG.flatten(out)[1] == expected_td
+        elif action == 2:
+          pairs, td = REG.flatten_with_path(shared_tree)
+          assert [p for p, _ in pairs] == expected_paths
+          assert td == expected_td
+        elif action == 3:
+          back = pickle.loads(pickle.dumps(expected_td))
+          assert back == expected_td and hash(back) == expected_hash
+          check_dag_output(back.unflatten(own_leaves), shared_tree)
+        elif action == 4:
+          children = expected_td.children()
+          assert children == expected_children
+          rebuilt = pt.PyTreeDef.from_node_data_and_children(
+              REG, expected_td.node_data(), children)
+          assert rebuilt == expected_td
+          assert pt.treedef_tuple(REG, children).num_leaves == 6
+        elif action == 5:
+          inner = REG.flatten((1, 2))[1]
+          composed = expected_td.compose(inner)
+          assert composed.num_leaves == 12
+          out = composed.unflatten(range(12))
+          assert out[1]["b"] is out[3][1][0]
+        elif action == 6:
+          calls = []
+          expected_td.walk(lambda c, d: calls.append(d) or c, lambda x: x,
+                           own_leaves)
+          # Shared nodes built once: p, d, q, the dict, Plain, the inner
+          # list, the tuple and the root list.
+          assert len(calls) == 8
+          iterable = expected_td.walk(lambda c, d: list(c), lambda x: x,
+                                      own_leaves)
+          check_dag_output(expected_td.from_iterable_tree(iterable),
+                           shared_tree)
+        elif action == 7:
+          # Register a new type; others will use it.
+          opted_in = rng.random() < 0.7
+          cls = new_type(k, i, opted_in, rng.random() < 0.4)
+          with NEW_TYPES_LOCK:
+            NEW_TYPES.append((cls, opted_in))
+          check_new_type(cls, opted_in)
+        elif action == 8:
+          with NEW_TYPES_LOCK:
+            choices = list(NEW_TYPES)
+          if choices:
+            check_new_type(*rng.choice(choices))
+        elif action == 9:
+          for other in published:
+            if other is not None:
+              assert other == expected_td and hash(other) == expected_hash
+              assert repr(other) == expected_repr
+        elif action == 10:
+          leaves, td = own_reg.flatten([own_tree[0]] * 3)
+          assert td.num_leaves == 2 and td.num_nodes == 6
+          out = td.unflatten(leaves)
+          assert out[0] is out[1] is out[2]
+        else:
+          gc.collect(rng.choice([0, 1, 2]))
+        counts[k] += 1
+    except BaseException as e:  # noqa: BLE001 -- collected and asserted.
+      import traceback
+      errors.append((k, "".join(traceback.format_exception(e))))
+
+  old = sys.getswitchinterval()
+  sys.setswitchinterval(1e-5)
+  try:
+    threads = [threading.Thread(target=worker, args=(k,))
+               for k in range(N_THREADS)]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads)
+  finally:
+    sys.setswitchinterval(old)
+  assert not errors, f"{len(errors)} threads failed:\n" + "\n".join(
+      f"thread {k}: {tb}" for k, tb in errors[:3])
+  assert counts == [ITERATIONS] * N_THREADS
+  # Everyone registered types, and all of them are in the registry.
+  assert all(REG.is_node(cls) for cls, _ in NEW_TYPES)
