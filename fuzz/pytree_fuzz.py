@@ -37,8 +37,8 @@ own:
   python fuzz/pytree_fuzz.py --seconds 60 --seed 7
   python fuzz/pytree_fuzz.py --seed 1 --program 1234 --verbose   # replay one
 
-The findings F1-F3 of docs/hardening.md are in the campaign; `--skip-known`
-turns off the three generators that reach them (a dict key whose __hash__
+The generators that found F1-F3 of docs/hardening.md (all fixed) stay in
+the campaign; `--skip-known` turns off these three (a dict key whose __hash__
 fails, mutation of the key lists that __getstate__/walk hand out or
 __setstate__ takes, namedtuple look-alikes whose `_fields` do not match), to
 look past them.
@@ -1808,7 +1808,8 @@ def main(argv=None):
                       help="replay one program in this process")
   parser.add_argument("--verbose", action="store_true")
   parser.add_argument("--skip-known", action="store_true",
-                      help="do not generate the inputs of the known crashes")
+                      help="leave out the generators that reached findings "
+                      "F1-F3 of docs/hardening.md")
   parser.add_argument("--hang-seconds", type=float, default=60.0)
   parser.add_argument("--json", default=None, help="write a JSON report")
   parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -9,7 +9,8 @@ ValueError, TypeError, RuntimeError, RecursionError, KeyError or the
 callbacks' own, no broken invariant.
 
 Below the campaign: one minimal reproducer per finding, each run in a child
-process. They fail until the module is fixed (see docs/hardening.md).
+process, so that a crash fails one test (see docs/hardening.md; all fixed
+as of 898e7ff).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def test_short_campaign_past_the_known_findings(tmp_path):
 
 
 def test_short_campaign(tmp_path):
-  """500 programs with every generator (fails while F2 or F3 is open)."""
+  """500 programs with every generator."""
   summary, data = run_campaign(tmp_path)
   assert summary["findings"] == 0 and summary["crashes"] == 0, describe(
       summary, data)
@@ -179,11 +180,11 @@ print("ok")
 
 
 def test_f2_setstate_copies_the_callers_dict_keys():
-  """F2, still open at 3742a1f: __setstate__ keeps the caller's list of dict
-  keys: `nb::list(fields[2])` in serialization.cc does not copy, because
+  """F2 (fixed in 57dde57): __setstate__ kept the caller's list of dict
+  keys: `nb::list(fields[2])` in serialization.cc did not copy, because
   `fields[2]` is a nanobind accessor, whose conversion to `nb::list` is an
   unchecked borrow (the explicit `list(handle)` constructor, which copies,
-  is not chosen). Clearing the list afterwards makes repr read past its end
+  is not chosen). Clearing the list afterwards made repr read past its end
   (a crash)."""
   out = run_snippet("""
 from jaxlib_patch import pytree as pt
@@ -210,9 +211,9 @@ def test_f3_namedtuple_fields_that_do_not_match(fields, op):
   """F3: with keys, a tuple subclass whose `_fields` is not a tuple of one
   name per item raised IndexError / TypeError or silently paired the wrong
   names; stock raises ValueError ("A namedtuple's _fields attribute should
-  have the same size as the tuple."). Fixed in 3742a1f for a wrong length;
-  still open: `_fields = "ab"` (a str of the right length) is accepted,
-  where stock wants a tuple."""
+  have the same size as the tuple."). Fixed in 3742a1f for a wrong length,
+  and in 898e7ff for `_fields = "ab"` (a str of the right length), which
+  stock rejects: it wants a tuple."""
   out = run_snippet(f"""
 from jaxlib_patch import pytree as pt
 class X(tuple):
@@ -227,11 +228,11 @@ except ValueError as e:
 
 
 def test_f3_namedtuple_field_name_that_is_not_a_str():
-  """F3, still open at 3742a1f: a field name that is not a str makes a
-  GetAttrKey that holds an int: `key.name` is 1 (stock: '1') and pickling
-  the key raises RuntimeError: std::bad_cast. `FieldKey` in flatten.cc calls
-  `nb::str(fields[i])` on a nanobind accessor, whose conversion to `nb::str`
-  is an unchecked borrow, not `str()`."""
+  """F3 (fixed in 898e7ff): a field name that is not a str made a
+  GetAttrKey that held an int: `key.name` was 1 (stock: '1') and pickling
+  the key raised RuntimeError: std::bad_cast. `FieldKey` in flatten.cc
+  called `nb::str(fields[i])` on a nanobind accessor, whose conversion to
+  `nb::str` is an unchecked borrow, not `str()`."""
   out = run_snippet("""
 import pickle
 from jaxlib_patch import pytree as pt
