@@ -341,33 +341,25 @@ class Flattener {
   std::optional<IdentityScope> scope_;  // Created at the first opted-in node.
 };
 
+}  // namespace
+
 template <bool kWithPath>
-std::pair<nb::list, nb::object> FlattenImpl(
-    PyTreeRegistry* registry, nb::object registry_ref, nb::handle tree,
+std::pair<nb::list, nb::object> PyTreeDef::Flatten(
+    nb::handle registry, nb::handle tree,
     const std::optional<nb::callable>& leaf_predicate) {
-  PyTreeDef treedef(registry, std::move(registry_ref));
+  PyTreeRegistry* registry_ptr = nb::cast<PyTreeRegistry*>(registry);
+  PyTreeDef treedef(registry_ptr, nb::borrow(registry));
   nb::list leaves;
-  Flattener<kWithPath>(*registry, leaf_predicate,
-                       treedef.mutable_traversal(), leaves)
+  Flattener<kWithPath>(*registry_ptr, leaf_predicate, treedef.traversal_,
+                       leaves)
       .Flatten(tree);
   return {std::move(leaves), WrapTreeDef(std::move(treedef))};
 }
 
-}  // namespace
-
-std::pair<nb::list, nb::object> PyTreeDef::Flatten(
-    PyTreeRegistry* registry, nb::object registry_ref, nb::handle tree,
-    std::optional<nb::callable> leaf_predicate) {
-  return FlattenImpl<false>(registry, std::move(registry_ref), tree,
-                            leaf_predicate);
-}
-
-std::pair<nb::list, nb::object> PyTreeDef::FlattenWithPath(
-    PyTreeRegistry* registry, nb::object registry_ref, nb::handle tree,
-    std::optional<nb::callable> leaf_predicate) {
-  return FlattenImpl<true>(registry, std::move(registry_ref), tree,
-                           leaf_predicate);
-}
+template std::pair<nb::list, nb::object> PyTreeDef::Flatten<false>(
+    nb::handle, nb::handle, const std::optional<nb::callable>&);
+template std::pair<nb::list, nb::object> PyTreeDef::Flatten<true>(
+    nb::handle, nb::handle, const std::optional<nb::callable>&);
 
 nb::list SortedDictKeys(nb::handle dict) {
   nb::list keys = nb::steal<nb::list>(PyDict_Keys(dict.ptr()));

@@ -129,26 +129,12 @@ NB_MODULE(pytree, m) {
            nb::arg("enable_namedtuple") = true, nb::arg("enable_list") = true,
            nb::arg("enable_dict") = true)
       .def(
-          "flatten",
-          [](nb::handle self, nb::handle tree,
-             std::optional<nb::callable> leaf_predicate) {
-            return PyTreeDef::Flatten(nb::cast<PyTreeRegistry*>(self),
-                                      nb::borrow(self), tree,
-                                      std::move(leaf_predicate));
-          },
-          nb::arg("tree").none(), nb::arg("leaf_predicate").none() = nb::none(),
+          "flatten", &PyTreeDef::Flatten<false>, nb::arg("tree").none(), nb::arg("leaf_predicate").none() = nb::none(),
           nb::sig("def flatten(self, tree: object | None, leaf_predicate: "
                   "Callable[[Any], bool] | None = None) -> "
                   "tuple[list[Any], PyTreeDef]"))
       .def(
-          "flatten_with_path",
-          [](nb::handle self, nb::handle tree,
-             std::optional<nb::callable> leaf_predicate) {
-            return PyTreeDef::FlattenWithPath(nb::cast<PyTreeRegistry*>(self),
-                                              nb::borrow(self), tree,
-                                              std::move(leaf_predicate));
-          },
-          nb::arg("tree").none(), nb::arg("leaf_predicate").none() = nb::none(),
+          "flatten_with_path", &PyTreeDef::Flatten<true>, nb::arg("tree").none(), nb::arg("leaf_predicate").none() = nb::none(),
           nb::sig("def flatten_with_path(self, tree: object | None, "
                   "leaf_predicate: typing.Callable[[Any, Any], bool] | None = None) "
                   "-> tuple[list[tuple[_KeyPath, Any]], PyTreeDef]"))

@@ -131,12 +131,12 @@ class PyTreeDef {
       : registry_(registry), registry_ref_(std::move(registry_ref)) {}
 
   // --- flatten.cc
+  // PyTreeRegistry.flatten (leaves) and, with kWithPath, flatten_with_path
+  // ((key path, leaf) pairs); `registry` is the registry's Python object.
+  template <bool kWithPath>
   static std::pair<nb::list, nb::object> Flatten(
-      PyTreeRegistry* registry, nb::object registry_ref, nb::handle tree,
-      std::optional<nb::callable> leaf_predicate);
-  static std::pair<nb::list, nb::object> FlattenWithPath(
-      PyTreeRegistry* registry, nb::object registry_ref, nb::handle tree,
-      std::optional<nb::callable> leaf_predicate);
+      nb::handle registry, nb::handle tree,
+      const std::optional<nb::callable>& leaf_predicate);
   nb::list FlattenUpTo(nb::handle tree) const;
 
   // --- unflatten.cc
@@ -176,7 +176,6 @@ class PyTreeDef {
   void Clear();
 
   const std::vector<Node>& traversal() const { return traversal_; }
-  std::vector<Node>& mutable_traversal() { return traversal_; }
   PyTreeRegistry* registry() const;
   const nb::object& registry_ref() const { return registry_ref_; }
 
