@@ -102,6 +102,7 @@ NB_MODULE(pytree, m) {
   m.attr("_KeyPath") = nb::type_var("_KeyPath");
 
   BindKeys(m);
+  BindSharedPrefixError(m);
 
   nb::class_<SharedReference>(
       m, "SharedReference",
@@ -212,6 +213,15 @@ NB_MODULE(pytree, m) {
           nb::sig("def from_node_data_and_children(self, registry: "
                   "PyTreeRegistry, node_data: tuple[type, Any] | None, "
                   "children: typing.Iterable[PyTreeDef]) -> PyTreeDef"))
+      .def("broadcast_flattened_prefix", &PyTreeDef::BroadcastFlattenedPrefix,
+           nb::arg("prefix_treedef"), nb::arg("prefix_leaves"),
+           "The leaves of a tree prefix (with `prefix_treedef`) broadcast "
+           "over this treedef's leaves. A node shared by several positions "
+           "has its leaves once, so the prefix must give it the same values "
+           "wherever it reaches it, else SharedPrefixError.",
+           nb::sig("def broadcast_flattened_prefix(self, prefix_treedef: "
+                   "PyTreeDef, prefix_leaves: typing.Iterable[Any]) -> "
+                   "list[Any]"))
       .def_prop_ro("num_leaves", &PyTreeDef::num_leaves)
       .def_prop_ro("num_nodes", &PyTreeDef::num_nodes)
       .def("__repr__", &PyTreeDef::ToString)

@@ -161,8 +161,19 @@ class PyTreeDef {
   // Takes a list, as stock does, whatever its signature says.
   static nb::object Tuple(nb::handle_t<PyTreeRegistry> registry_ref,
                           nb::list treedefs);
-  // The key path from the root to the node at `index`, for error messages.
+  // The key path from the root to the node at `index`: a tuple of keys as
+  // flatten_with_path gives them (a custom node's children by their flat
+  // index, since only the object itself knows its keys), and as text
+  // (`tree.left[0]`) for error messages.
+  nb::tuple KeyPathTo(Py_ssize_t index) const;
   std::string PathTo(Py_ssize_t index) const;
+
+  // --- prefix.cc
+  // The prefix's leaves broadcast over this treedef's leaves, one value per
+  // leaf, each shared node's once (SharedPrefixError where its occurrences
+  // get different values; ValueError if `prefix` is not a prefix).
+  nb::list BroadcastFlattenedPrefix(const PyTreeDef& prefix,
+                                    nb::handle prefix_leaves) const;
 
   // --- serialization.cc
   nb::object GetState() const;
@@ -228,6 +239,9 @@ nb::object FlattenOneLevel(const PyTreeRegistry& registry, nb::handle tree);
 nb::object FlattenOneLevelWithKeys(const PyTreeRegistry& registry,
                                    nb::handle tree);
 bool AllLeaves(const PyTreeRegistry& registry, nb::iterable objects);
+
+// Adds the SharedPrefixError exception type to the module.
+void BindSharedPrefixError(nb::module_& m);
 
 // Builds the Python object for `node` from its already-built children.
 nb::object MakeNode(const Node& node, nb::object* children);

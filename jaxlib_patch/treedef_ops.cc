@@ -4,6 +4,7 @@
 #include <string>
 #include <utility>
 
+#include "jaxlib_patch/keys.h"
 #include "jaxlib_patch/pytree.h"
 
 namespace jaxlib_patch {
@@ -231,8 +232,8 @@ nb::str PyTreeDef::ToString() const {
   return FromUtf8(out + ")");
 }
 
-std::string PyTreeDef::PathTo(Py_ssize_t index) const {
-  std::string path = "tree";
+nb::tuple PyTreeDef::KeyPathTo(Py_ssize_t index) const {
+  std::vector<nb::object> keys;
   Py_ssize_t at = traversal_.size() - 1;
   while (at != index) {
     const Node& node = traversal_[at];
@@ -241,28 +242,39 @@ std::string PyTreeDef::PathTo(Py_ssize_t index) const {
     while (children[k] < index) ++k;  // The child whose subtree holds index.
     switch (node.kind) {
       case PyTreeKind::kDict:
-        path += "[" + Repr(PyList_GET_ITEM(node.node_data.ptr(), k)) + "]";
+        keys.push_back(MakeDictKey(PyList_GET_ITEM(node.node_data.ptr(), k)));
         break;
       case PyTreeKind::kNamedTuple: {
         // A forged (unpickled) treedef may name a type with fewer fields.
         nb::object fields = node.node_data.attr("_fields");
-        path += k < static_cast<size_t>(nb::len(fields))
-                    ? "." + Str(fields[k])
-                    : "[" + std::to_string(k) + "]";
+        keys.push_back(k < static_cast<size_t>(nb::len(fields))
+                           ? MakeGetAttrKey(fields[k])
+                           : MakeSequenceKey(k));
         break;
       }
       case PyTreeKind::kDataclass:
-        path += "." + Str(node.custom->data_fields[k]);
+        keys.push_back(MakeGetAttrKey(node.custom->data_fields[k]));
         break;
       case PyTreeKind::kCustom:
-        path += "[<flat index " + std::to_string(k) + ">]";
+        keys.push_back(MakeFlattenedIndexKey(k));
         break;
       default:
-        path += "[" + std::to_string(k) + "]";
+        keys.push_back(MakeSequenceKey(k));
         break;
     }
     at = children[k];
   }
+  nb::tuple path = nb::steal<nb::tuple>(PyTuple_New(keys.size()));
+  if (!path.is_valid()) throw nb::python_error();
+  for (size_t i = 0; i < keys.size(); ++i) {
+    PyTuple_SET_ITEM(path.ptr(), i, keys[i].release().ptr());
+  }
+  return path;
+}
+
+std::string PyTreeDef::PathTo(Py_ssize_t index) const {
+  std::string path = "tree";
+  for (nb::handle key : KeyPathTo(index)) path += Str(key);
   return path;
 }
 
