@@ -1,0 +1,183 @@
+"""Prefix specs over shared nodes: one value per shared node, or SharedPrefixError.
+
+Every API that broadcasts a tree prefix over a value (vmap's in_axes and
+out_axes, jit's shardings and donation, device_put, shard_map's specs, pmap,
+jax.tree.broadcast, with_sharding_constraint) must give a shared node one
+value wherever the spec reaches it, also through a spec leaf that covers a
+subtree holding the node. Two values for one node raise SharedPrefixError
+naming the spec and both places.
+"""
+
+import dataclasses
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest
+from jax import tree_util
+from jax.sharding import NamedSharding, PartitionSpec as P
+from jax._src import test_util as jtu
+from jax._src.tree_util import SharedPrefixError
+
+
+@tree_util.register_dataclass(preserve_relative_identities=True)
+@dataclasses.dataclass
+class Param:
+  value: jax.Array
+
+
+def both(a, b):
+  return a[0].value + b[0].value
+
+
+class PrefixSharingTest(jtu.JaxTestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.p = Param(jnp.arange(8.0))
+    self.mesh = jax.make_mesh((8,), ("x",))
+    self.split = NamedSharding(self.mesh, P("x"))
+    self.whole = NamedSharding(self.mesh, P())
+
+  def assertConflict(self, spec_name, first, other, call):
+    with self.assertRaises(SharedPrefixError) as info:
+      call()
+    message = str(info.exception)
+    self.assertIn(spec_name, message)
+    self.assertIn(f"at {first} and", message)
+    self.assertIn(f"same node at {other}", message)
+    return info.exception
+
+  def test_vmap_in_axes_below_a_spec_leaf(self):
+    p = self.p
+    e = self.assertConflict(
+        "vmap in_axes", "args[0][0]", "args[1][0]",
+        lambda: jax.vmap(both, in_axes=(0, None))([p], [p]))
+    self.assertEqual(e.values, (0, None))
+    np.testing.assert_allclose(jax.vmap(both, in_axes=(0, 0))([p], [p]),
+                               2 * p.value)
+
+  def test_vmap_in_axes_none_first_is_a_sharing_error(self):
+    q, r = Param(jnp.ones(2)), Param(jnp.zeros(2))
+    self.assertConflict(
+        "vmap in_axes", "args[0][0]", "args[1]['k']",
+        lambda: jax.vmap(lambda a, b: a[0].value,
+                         in_axes=(None, 0))([q, r], {"k": q}))
+
+  def test_vmap_out_axes(self):
+    def f(x):
+      n = Param(x)
+      return [n], [n]
+    self.assertConflict(
+        "vmap out_axes", "vmap out_axes[0][0]", "vmap out_axes[1][0]",
+        lambda: jax.vmap(f, out_axes=(0, 1))(jnp.ones((3, 2))))
+    out = jax.vmap(f, out_axes=(1, 1))(jnp.ones((3, 2)))
+    self.assertIs(out[0][0], out[1][0])
+
+  def test_donation_of_one_position_only(self):
+    q, r = Param(jnp.ones(2)), Param(jnp.zeros(2))
+    f = lambda a, b: a[0].value + b["k"].value
+    self.assertConflict(
+        "donate_argnums/donate_argnames", "args[0][0]", "args[1]['k']",
+        lambda: jax.jit(f, donate_argnums=0)([q, r], {"k": q}))
+    self.assertFalse(q.value.is_deleted())
+    self.assertConflict(
+        "donate_argnums/donate_argnames", "args[0][0]", "args[1]['k']",
+        lambda: jax.jit(f, donate_argnums=1)([q, r], {"k": q}))
+    self.assertFalse(q.value.is_deleted())
+    np.testing.assert_allclose(
+        jax.jit(f, donate_argnums=(0, 1))([q, r], {"k": q}), 2.0)
+
+  def test_jit_in_shardings(self):
+    p = self.p
+    self.assertConflict(
+        "in_shardings", "args[0][0]", "args[1][0]",
+        lambda: jax.jit(both, in_shardings=(self.split, self.whole))([p], [p]))
+    np.testing.assert_allclose(
+        jax.jit(both, in_shardings=(self.split, self.split))([p], [p]),
+        2 * p.value)
+
+  def test_jit_out_shardings(self):
+    def f(x):
+      n = Param(x)
+      return [n], [n]
+    x = jnp.arange(8.0)
+    self.assertRaises(
+        SharedPrefixError,
+        lambda: jax.jit(f, out_shardings=(self.split, self.whole))(x))
+    out = jax.jit(f, out_shardings=(self.split, self.split))(x)
+    self.assertIs(out[0][0], out[1][0])
+
+  def test_device_put(self):
+    p = self.p
+    self.assertConflict(
+        "device_put", "device_put device[0][0]", "device_put device[1][0]",
+        lambda: jax.device_put(([p], [p]), (self.split, self.whole)))
+    a, b = jax.device_put(([p], [p]), (self.split, self.split))
+    self.assertIs(a[0], b[0])
+
+  def test_with_sharding_constraint(self):
+    p = self.p
+    @jax.jit
+    def f(a, b):
+      return jax.lax.with_sharding_constraint((a, b), (self.split, self.whole))
+    self.assertRaises(SharedPrefixError, lambda: f([p], [p]))
+
+  def test_shard_map_in_specs(self):
+    p = self.p
+    g = jax.shard_map(both, mesh=self.mesh, in_specs=(P("x"), P()),
+                      out_specs=P("x"))
+    with self.assertRaises(SharedPrefixError) as info:
+      g([p], [p])
+    self.assertIn("shard_map in_specs", str(info.exception))
+
+  def test_shard_map_out_specs(self):
+    def f(x):
+      n = Param(x)
+      return [n], [n]
+    g = jax.shard_map(f, mesh=self.mesh, in_specs=P("x"),
+                      out_specs=(P("x"), P()))
+    with self.assertRaises(SharedPrefixError) as info:
+      g(jnp.arange(8.0))
+    self.assertIn("shard_map out_specs", str(info.exception))
+
+  def test_pmap_in_axes(self):
+    p = Param(jnp.ones((8, 2)))
+    self.assertConflict(
+        "pmap in_axes", "args[0][0]", "args[1][0]",
+        lambda: jax.pmap(both, in_axes=(0, None))([p], [p]))
+
+  def test_pmap_flat_in_axes_with_shared_arguments(self):
+    # Three arguments, three unique leaves, yet the arguments are not leaves:
+    # the spec must not be taken as one axis per leaf.
+    shared = Param(jnp.ones((8, 2)))
+    pair = (Param(jnp.zeros((8, 2))), Param(jnp.zeros((2,))))
+    f = lambda a, b, c: a.value + b.value + c[0].value + c[1].value
+    out = jax.pmap(f, in_axes=(0, 0, (0, None)))(shared, shared, pair)
+    np.testing.assert_allclose(out, 2.0)
+    self.assertConflict(
+        "pmap in_axes", "args[0]", "args[1]",
+        lambda: jax.pmap(f, in_axes=(0, None, 0))(shared, shared, pair))
+
+  def test_tree_broadcast(self):
+    p = self.p
+    with self.assertRaises(SharedPrefixError):
+      jax.tree.broadcast((0, 1), ([p], [p]))
+    a, b = jax.tree.broadcast((0, 0), ([p], [p]))
+    self.assertIs(a[0], b[0])
+
+  def test_nested_sharing_is_linear(self):
+    # Each level holds the level below twice: 2**40 occurrences of the bottom.
+    node = Param(jnp.ones(3))
+    for _ in range(40):
+      node = Param((node, node))
+    in_axes = jax.tree.map(lambda _: 0, node)
+    out = jax.vmap(lambda n: n, in_axes=(in_axes,))(node)
+    self.assertIs(out.value[0], out.value[1])
+    self.assertEqual(jax.tree.broadcast(0, node).value[0].value[0],
+                     jax.tree.broadcast(0, node).value[1].value[0])
+
+
+if __name__ == "__main__":
+  absltest.main(testLoader=jtu.JaxTestLoader())

@@ -1,0 +1,132 @@
+"""Outputs that share nodes: custom rules, vjp/transpose, callbacks, export.
+
+A shared node in a function's output is one output (one leaf set, one
+cotangent). Rules written for stock JAX see each of its occurrences as an
+output of its own; they must still count its cotangent exactly once.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest
+from jax import lax
+from jax import tree_util
+from jax._src import test_util as jtu
+
+
+@tree_util.register_dataclass(preserve_relative_identities=True)
+@dataclasses.dataclass
+class Param:
+  value: jax.Array
+
+
+@jax.custom_vjp
+def dup(a):
+  return (a, a)
+
+
+def _dup_fwd(a):
+  return (a, a), None
+
+
+def _dup_bwd(_, g):
+  # Correct in stock JAX, where the two outputs are two objects.
+  return (Param(g[0].value + g[1].value),)
+
+
+dup.defvjp(_dup_fwd, _dup_bwd)
+
+
+@jax.custom_jvp
+def dup_jvp(a):
+  return (a, a)
+
+
+@dup_jvp.defjvp
+def _dup_jvp_rule(primals, tangents):
+  (a,), (t,) = primals, tangents
+  return (a, a), (t, t)
+
+
+class SharedOutputsTest(jtu.JaxTestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.w = Param(jnp.array([1.0, 2.0]))
+
+  def test_custom_vjp_counts_a_shared_output_once(self):
+    one = lambda w: jnp.sum(dup(w)[0].value * 3.0)
+    plain = lambda w: jnp.sum((lambda a: (a, a))(w)[0].value * 3.0)
+    self.assertAllClose(jax.grad(one)(self.w).value, jnp.array([3.0, 3.0]))
+    self.assertAllClose(jax.grad(plain)(self.w).value, jnp.array([3.0, 3.0]))
+    both = lambda w: (jnp.sum(dup(w)[0].value * 3.0)
+                      + jnp.sum(dup(w)[1].value * 5.0))
+    self.assertAllClose(jax.grad(both)(self.w).value, jnp.array([8.0, 8.0]))
+
+  def test_custom_vjp_bwd_sees_zeros_at_later_occurrences(self):
+    seen = []
+    @jax.custom_vjp
+    def f(a):
+      return (a, a)
+    def bwd(_, g):
+      seen.append(g)
+      return (Param(g[0].value + g[1].value),)
+    f.defvjp(lambda a: ((a, a), None), bwd)
+    jax.grad(lambda w: jnp.sum(f(w)[1].value * 2.0))(self.w)
+    (g,) = seen
+    self.assertIsNot(g[0], g[1])
+    self.assertAllClose(g[0].value, jnp.array([2.0, 2.0]))
+    self.assertAllClose(g[1].value, jnp.zeros(2))
+
+  def test_custom_jvp_of_a_shared_output(self):
+    out, tangent = jax.jvp(lambda w: dup_jvp(w)[0], (self.w,),
+                           (Param(jnp.ones(2)),))
+    self.assertAllClose(tangent.value, jnp.ones(2))
+    grad = jax.grad(lambda w: jnp.sum(dup_jvp(w)[0].value * 3.0))(self.w)
+    self.assertAllClose(grad.value, jnp.array([3.0, 3.0]))
+
+  def test_vjp_and_linear_transpose_of_a_shared_output(self):
+    g = Param(jnp.array([1.0, 1.0]))
+    _, vjp = jax.vjp(lambda w: (w, w), self.w)
+    (ct,) = vjp((g, g))
+    self.assertAllClose(ct.value, g.value)
+    (ct,) = jax.linear_transpose(lambda w: (w, w), self.w)((g, g))
+    self.assertAllClose(ct.value, g.value)
+
+  def test_pure_callback_result_must_share_as_its_spec(self):
+    spec = Param(jax.ShapeDtypeStruct((3,), jnp.float32))
+    def unshared(x):
+      return Param(np.asarray(x)), Param(np.asarray(x))
+    def shared(x):
+      n = Param(np.asarray(x))
+      return n, n
+    call = lambda cb: jax.jit(
+        lambda x: jax.pure_callback(cb, (spec, spec), x))(jnp.arange(3.0))
+    a, b = call(shared)
+    self.assertIs(a, b)
+    with self.assertRaisesRegex(Exception, "sharing included"):
+      call(unshared)
+
+  def test_export_serialization_refuses_sharing(self):
+    p = Param(jnp.arange(3.0))
+    exp = jax.export.export(jax.jit(lambda a, b: a.value + b.value))(p, p)
+    self.assertAllClose(exp.call(p, p), 2 * p.value)
+    with self.assertRaisesRegex(ValueError,
+                                "in_tree has shared pytree nodes"):
+      exp.serialize()
+
+  def test_tree_transpose_with_a_shared_inner_treedef(self):
+    p, q = Param(jnp.ones(2)), Param(jnp.zeros(2))
+    outer = jax.tree.structure((0, 0))
+    inner = jax.tree.structure((p, p))
+    # The inner treedef's shared node holds the outer structure in its leaf.
+    a, b = jax.tree.transpose(outer, inner, ((p, p), (q, q)))
+    self.assertIs(a, b)
+    self.assertAllClose(a.value[0], p.value)
+    self.assertAllClose(a.value[1], q.value)
+
+
+if __name__ == "__main__":
+  absltest.main(testLoader=jtu.JaxTestLoader())
