@@ -182,6 +182,21 @@ NB_MODULE(pytree, m) {
           nb::sig("def register_dataclass_node(self, type: type, data_fields: "
                   "typing.Sequence[str], meta_fields: Sequence[str], /, *, "
                   "preserve_relative_identities: bool = False) -> Any"))
+      .def("preserve_relative_identities",
+           &PyTreeRegistry::PreserveRelativeIdentities, nb::arg("type").none(),
+           "Opts `type` and every subclass of it, registered before or after "
+           "this call, in to relative identities. `type` need not be "
+           "registered itself; builtin node types (None, tuple, list, dict) "
+           "cannot be opted in.",
+           nb::sig("def preserve_relative_identities(self, type: type, /) "
+                   "-> None"))
+      .def("preserves_relative_identities",
+           &PyTreeRegistry::PreservesRelativeIdentities, nb::arg("type").none(),
+           "Whether nodes of `type` keep relative identities: it is "
+           "registered with preserve_relative_identities=True, or it or a "
+           "base class was given to preserve_relative_identities().",
+           nb::sig("def preserves_relative_identities(self, type: type, /) "
+                   "-> bool"))
       .def("__reduce__", [](nb::handle self) { return self.attr("__name__"); },
            nb::sig("def __reduce__(self) -> str"));
 
@@ -214,6 +229,23 @@ NB_MODULE(pytree, m) {
                   "children: typing.Iterable[PyTreeDef]) -> PyTreeDef"))
       .def_prop_ro("num_leaves", &PyTreeDef::num_leaves)
       .def_prop_ro("num_nodes", &PyTreeDef::num_nodes)
+      .def_prop_ro("has_shared_nodes", &PyTreeDef::HasSharedNodes,
+                   "Whether some node is the target of a reference in this "
+                   "treedef (a node with relative identities that the "
+                   "flattened tree held more than once).")
+      .def_prop_ro("has_external_references",
+                   &PyTreeDef::HasExternalReferences,
+                   "Whether some reference's target lies outside this "
+                   "treedef (a child cut out of a larger one); such a "
+                   "treedef cannot be unflattened on its own.")
+      .def_prop_ro("is_reference", &PyTreeDef::IsReference,
+                   "Whether the root is a reference to a shared node; its "
+                   "node_data() is then (type, SharedReference(distance)).")
+      .def("shared_references", &PyTreeDef::SharedReferences,
+           "{reference: target} for every reference, as traversal indices "
+           "(post-order, counted from this treedef's first node); a target "
+           "outside this treedef has a negative index.",
+           nb::sig("def shared_references(self) -> dict[int, int]"))
       .def("__repr__", &PyTreeDef::ToString)
       .def(
           "__eq__",

@@ -16,6 +16,7 @@
 
 #include <Python.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -57,7 +58,9 @@ class PyTreeRegistry {
     // kDataclass only.
     std::vector<nb::str> data_fields;
     std::vector<nb::str> meta_fields;
-    bool preserve_relative_identities = false;
+    // Set at registration, or later by PreserveRelativeIdentities (never
+    // cleared): atomic because flattens read it without the registry's lock.
+    std::atomic<bool> preserve_relative_identities{false};
   };
 
   PyTreeRegistry(bool enable_none, bool enable_tuple, bool enable_namedtuple,
@@ -83,21 +86,34 @@ class PyTreeRegistry {
 
   bool IsNode(nb::handle type) const;
 
+  // Opts `type` and every subclass of it, registered now or later, in to
+  // relative identities. `type` itself need not be registered.
+  void PreserveRelativeIdentities(nb::handle type);
+  // Whether nodes of `type` keep relative identities: it is registered with
+  // them, or it or a base class was opted in by PreserveRelativeIdentities.
+  bool PreservesRelativeIdentities(nb::handle type) const;
+
   int Traverse(visitproc visit, void* arg) const;
 
  private:
   void Insert(std::unique_ptr<Registration> registration);
+  // Whether `type` derives from (or is) a class given to
+  // PreserveRelativeIdentities. Needs `mutex_` held.
+  bool InheritsOptInLocked(PyTypeObject* type) const;
 
   bool enable_none_, enable_tuple_, enable_list_, enable_dict_;
   // Registrations are never removed, so the pointers handed out stay valid
   // for the registry's lifetime (treedefs keep their registry alive).
   std::unordered_map<PyTypeObject*, std::unique_ptr<Registration>>
       registrations_;
+  // The classes given to PreserveRelativeIdentities, in call order.
+  std::vector<nb::object> opted_in_bases_;
   mutable nb::ft_mutex mutex_;
 };
 
 inline bool PreservesIdentity(const PyTreeRegistry::Registration* custom) {
-  return custom != nullptr && custom->preserve_relative_identities;
+  return custom != nullptr &&
+         custom->preserve_relative_identities.load(std::memory_order_relaxed);
 }
 
 struct Node {
@@ -161,6 +177,18 @@ class PyTreeDef {
   // Takes a list, as stock does, whatever its signature says.
   static nb::object Tuple(nb::handle_t<PyTreeRegistry> registry_ref,
                           nb::list treedefs);
+  // Sharing facts, read off the references (see docs/api.md).
+  // Some node is the target of a reference inside this treedef.
+  bool HasSharedNodes() const;
+  // Some reference's target lies before this treedef's first node (it was
+  // cut out of a larger treedef).
+  bool HasExternalReferences() const;
+  // The root is a reference.
+  bool IsReference() const;
+  // {reference index: target index}, traversal indices counted from this
+  // treedef's first node; an external target's index is negative.
+  nb::dict SharedReferences() const;
+
   // The key path from the root to the node at `index`, for error messages.
   std::string PathTo(Py_ssize_t index) const;
 

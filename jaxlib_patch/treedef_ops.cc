@@ -82,8 +82,7 @@ static bool SameCustomType(const Node& a, const Node& b) {
   if (a.custom == b.custom) return true;
   return a.custom != nullptr && b.custom != nullptr &&
          a.custom->type.is(b.custom->type) &&
-         a.custom->preserve_relative_identities ==
-             b.custom->preserve_relative_identities;
+         PreservesIdentity(a.custom) == PreservesIdentity(b.custom);
 }
 
 bool PyTreeDef::Equals(const PyTreeDef& other) const {
@@ -127,6 +126,38 @@ size_t PyTreeDef::Hash() const {
     hash = HashCombine(hash, node.shared_distance);
   }
   return hash;
+}
+
+bool PyTreeDef::HasSharedNodes() const {
+  for (size_t i = 0; i < traversal_.size(); ++i) {
+    const Py_ssize_t distance = traversal_[i].shared_distance;
+    if (distance != 0 && distance <= static_cast<Py_ssize_t>(i)) return true;
+  }
+  return false;
+}
+
+bool PyTreeDef::HasExternalReferences() const {
+  for (size_t i = 0; i < traversal_.size(); ++i) {
+    if (traversal_[i].shared_distance > static_cast<Py_ssize_t>(i)) return true;
+  }
+  return false;
+}
+
+bool PyTreeDef::IsReference() const {
+  registry();  // Raises on a treedef emptied by the garbage collector.
+  return traversal_.back().is_reference();
+}
+
+nb::dict PyTreeDef::SharedReferences() const {
+  nb::dict references;
+  for (size_t i = 0; i < traversal_.size(); ++i) {
+    const Node& node = traversal_[i];
+    if (node.is_reference()) {
+      references[nb::int_(i)] =
+          nb::int_(static_cast<Py_ssize_t>(i) - node.shared_distance);
+    }
+  }
+  return references;
 }
 
 std::vector<Py_ssize_t> PyTreeDef::ChildIndices(Py_ssize_t index) const {
@@ -313,13 +344,7 @@ nb::object PyTreeDef::Compose(const PyTreeDef& inner) const {
     throw nb::value_error(
         "PyTree registries of PyTreeDefs passed to Compose() must match.");
   }
-  auto refers_outside = [](const std::vector<Node>& traversal) {
-    for (size_t i = 0; i < traversal.size(); ++i) {
-      if (traversal[i].shared_distance > static_cast<Py_ssize_t>(i)) return true;
-    }
-    return false;
-  };
-  if (refers_outside(traversal_) || refers_outside(inner.traversal_)) {
+  if (HasExternalReferences() || inner.HasExternalReferences()) {
     throw nb::value_error(
         "Cannot compose PyTreeDefs that refer to shared nodes outside of "
         "them.");
