@@ -61,6 +61,22 @@ bool CheckFlag(nb::handle flag) {
   return flag.ptr() == Py_True;
 }
 
+// Whether `other`, one of our treedefs or a stock jaxlib one, equals `self`
+// (stock's treedefs come from jit's dispatch registry: a tree flattened there
+// and here must compare equal, as between two stock registries); nullopt when
+// `other` is no treedef.
+std::optional<bool> CompareTreeDefs(const PyTreeDef& self, nb::handle other) {
+  if (nb::isinstance<PyTreeDef>(other)) {
+    return self.Equals(nb::cast<const PyTreeDef&>(other));
+  }
+  if (!IsStockTreeDef(other)) return std::nullopt;
+  try {
+    return self.Equals(self.FromStockTreeDef(other));
+  } catch (const nb::builtin_exception&) {
+    return false;  // A node type this registry does not know.
+  }
+}
+
 // Borrowed from the module's `_default_registry`, which owns it.
 nb::handle default_registry_ref;
 
@@ -68,7 +84,10 @@ nb::handle default_registry_ref;
 
 int PyTreeDef::Traverse(visitproc visit, void* arg) const {
   Py_VISIT(registry_ref_.ptr());
-  for (const Node& node : traversal_) Py_VISIT(node.node_data.ptr());
+  for (const Node& node : traversal_) {
+    Py_VISIT(node.node_data.ptr());
+    for (const nb::object& key : node.dict_keys) Py_VISIT(key.ptr());
+  }
   return 0;
 }
 
@@ -247,18 +266,16 @@ NB_MODULE(pytree, m) {
            "outside this treedef has a negative index.",
            nb::sig("def shared_references(self) -> dict[int, int]"))
       .def("__repr__", &PyTreeDef::ToString)
-      .def(
-          "__eq__",
-          [](const PyTreeDef& self, nb::handle other) {
-            return nb::isinstance<PyTreeDef>(other) &&
-                   self.Equals(nb::cast<const PyTreeDef&>(other));
-          })
-      .def(
-          "__ne__",
-          [](const PyTreeDef& self, nb::handle other) {
-            return nb::isinstance<PyTreeDef>(other) &&
-                   !self.Equals(nb::cast<const PyTreeDef&>(other));
-          })
+      .def("__eq__",
+           [](const PyTreeDef& self, nb::handle other) {
+             return CompareTreeDefs(self, other).value_or(false);
+           })
+      .def("__ne__",
+           [](const PyTreeDef& self, nb::handle other) {
+             // Stock answers False for a non-treedef here too.
+             std::optional<bool> equal = CompareTreeDefs(self, other);
+             return equal.has_value() && !*equal;
+           })
       .def("__hash__", &PyTreeDef::Hash)
       .def("serialize_using_proto", &PyTreeDef::SerializeUsingProto)
       .def_static("deserialize_using_proto", &PyTreeDef::DeserializeUsingProto,

@@ -119,10 +119,13 @@ inline bool PreservesIdentity(const PyTreeRegistry::Registration* custom) {
 struct Node {
   PyTreeKind kind = PyTreeKind::kLeaf;
   Py_ssize_t arity = 0;
-  // tuple/list/None: null. dict: the sorted list of keys. namedtuple: its
-  // type. custom: the aux data. dataclass: the tuple of meta field values.
-  // A reference: null (the target holds it).
+  // tuple/list/None/dict: null. namedtuple: its type. custom: the aux data.
+  // dataclass: the tuple of meta field values. A reference: null (the
+  // target holds it).
   nb::object node_data;
+  // dict: its keys, sorted. Held one by one (not as a list) so that the
+  // garbage collector sees each key as the treedef's referent, as in stock.
+  std::vector<nb::object> dict_keys;
   const PyTreeRegistry::Registration* custom = nullptr;
   Py_ssize_t num_leaves = 0;
   Py_ssize_t num_nodes = 0;
@@ -195,6 +198,10 @@ class PyTreeDef {
   // --- serialization.cc
   nb::object GetState() const;
   void SetState(nb::handle state);
+  // A stock jaxlib PyTreeDef (see IsStockTreeDef) as a treedef on this one's
+  // registry, for equality across the two modules. ValueError if a node type
+  // is not registered here.
+  PyTreeDef FromStockTreeDef(nb::handle stock) const;
   nb::bytes SerializeUsingProto() const;
   static nb::object DeserializeUsingProto(
       nb::handle_t<PyTreeRegistry> registry_ref, nb::bytes data);
@@ -219,10 +226,17 @@ class PyTreeDef {
   std::vector<Py_ssize_t> ChildIndices(Py_ssize_t index) const;
 
  private:
+  // The traversal from the entries of a pickled state, on registry_.
+  void SetNodes(nb::handle nodes);
+
   PyTreeRegistry* registry_;
   nb::object registry_ref_;
   std::vector<Node> traversal_;
 };
+
+// Whether `obj` is a stock jaxlib._jax.pytree.PyTreeDef: jit's dispatch
+// registry, a stock one, makes those.
+bool IsStockTreeDef(nb::handle obj);
 
 // Wraps a PyTreeDef built in C++ into its Python object.
 nb::object WrapTreeDef(PyTreeDef&& treedef);
@@ -247,9 +261,27 @@ nb::list SortedDictKeys(nb::handle dict);
 // `nb::list(x)` borrows instead of copying when `x` is an accessor.)
 nb::list CopyToList(nb::handle sequence);
 
-// A node's data as handed to Python code: a dict's key list is copied, since
-// the treedef indexes into it and must stay immutable; other data as is.
+// A node's data as handed to Python code: a dict's keys as a new list; other
+// data as is.
 nb::object ExportedNodeData(const Node& node);
+
+// Whether a dict node's `keys` equal the `size` keys `key_at(i)` gives, as
+// Python compares two lists of them (== item by item, identity first).
+template <typename KeyAt>
+bool SameDictKeys(const std::vector<nb::object>& keys, size_t size,
+                  KeyAt&& key_at) {
+  if (keys.size() != size) return false;
+  for (size_t i = 0; i < size; ++i) {
+    const int equal =
+        PyObject_RichCompareBool(keys[i].ptr(), key_at(i), Py_EQ);
+    if (equal < 0) throw nb::python_error();
+    if (equal == 0) return false;
+  }
+  return true;
+}
+
+// A dict node's keys from a list or tuple of them (pickles, node_data).
+std::vector<nb::object> DictKeysFrom(nb::handle sequence);
 
 // PyTreeRegistry.flatten_one_level(_with_keys) and all_leaves.
 nb::object FlattenOneLevel(const PyTreeRegistry& registry, nb::handle tree);

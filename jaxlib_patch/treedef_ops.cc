@@ -95,6 +95,11 @@ bool PyTreeDef::Equals(const PyTreeDef& other) const {
         a.node_data.is_valid() != b.node_data.is_valid()) {
       return false;
     }
+    if (a.kind == PyTreeKind::kDict &&
+        !SameDictKeys(a.dict_keys, b.dict_keys.size(),
+                      [&](size_t k) { return b.dict_keys[k].ptr(); })) {
+      return false;
+    }
     if (!a.node_data.is_valid()) continue;
     const int equal = PyObject_RichCompareBool(a.node_data.ptr(),
                                                b.node_data.ptr(), Py_EQ);
@@ -254,7 +259,7 @@ nb::str PyTreeDef::ToString() const {
       steps.push_back({children[k], {}});
       std::string before = k > 0 ? ", " : "";
       if (node.kind == PyTreeKind::kDict) {
-        before += Repr(PyList_GET_ITEM(node.node_data.ptr(), k)) + ": ";
+        before += Repr(node.dict_keys[k]) + ": ";
       }
       if (!before.empty()) steps.push_back({-1, std::move(before)});
     }
@@ -272,7 +277,7 @@ std::string PyTreeDef::PathTo(Py_ssize_t index) const {
     while (children[k] < index) ++k;  // The child whose subtree holds index.
     switch (node.kind) {
       case PyTreeKind::kDict:
-        path += "[" + Repr(PyList_GET_ITEM(node.node_data.ptr(), k)) + "]";
+        path += "[" + Repr(node.dict_keys[k]) + "]";
         break;
       case PyTreeKind::kNamedTuple: {
         // A forged (unpickled) treedef may name a type with fewer fields.
@@ -317,9 +322,23 @@ nb::list CopyToList(nb::handle sequence) {
 }
 
 nb::object ExportedNodeData(const Node& node) {
+  if (node.kind == PyTreeKind::kDict) {
+    nb::list keys = nb::steal<nb::list>(PyList_New(node.dict_keys.size()));
+    for (size_t i = 0; i < node.dict_keys.size(); ++i) {
+      PyList_SET_ITEM(keys.ptr(), i, nb::object(node.dict_keys[i]).release().ptr());
+    }
+    return std::move(keys);
+  }
   if (!node.node_data.is_valid()) return nb::none();
-  if (node.kind == PyTreeKind::kDict) return CopyToList(node.node_data);
   return node.node_data;
+}
+
+std::vector<nb::object> DictKeysFrom(nb::handle sequence) {
+  std::vector<nb::object> keys;
+  nb::list items = CopyToList(sequence);
+  keys.reserve(PyList_GET_SIZE(items.ptr()));
+  for (nb::handle key : items) keys.push_back(nb::borrow(key));
+  return keys;
 }
 
 nb::object PyTreeDef::NodeData() const {
@@ -411,7 +430,7 @@ nb::object PyTreeDef::FromNodeDataAndChildren(
         throw nb::type_error(
             "The node data of a dict must be its keys, as a list or tuple.");
       }
-      node.node_data = CopyToList(data);
+      node.dict_keys = DictKeysFrom(data);
     } else if (node.kind == PyTreeKind::kNamedTuple) {
       node.node_data = nb::borrow(type);
     } else if (node.kind == PyTreeKind::kCustom ||
@@ -478,8 +497,7 @@ static void ValidateNodeData(const Node& node, Fail&& fail) {
     case PyTreeKind::kList:
       break;
     case PyTreeKind::kDict:
-      if (!node.node_data.is_valid() || !PyList_Check(node.node_data.ptr()) ||
-          PyList_GET_SIZE(node.node_data.ptr()) != node.arity) {
+      if (static_cast<Py_ssize_t>(node.dict_keys.size()) != node.arity) {
         throw std::runtime_error("Number of keys and entries does not match.");
       }
       break;
