@@ -117,19 +117,18 @@ class RegistriesCompareTest(jtu.JaxTestCase):
 
 class MalformedPickleTest(jtu.JaxTestCase):
 
-  def test_setstate_of_a_wrong_shape_is_a_value_error(self):
-    for state in [(tree_util.default_registry,), 5,
-                  (tree_util.default_registry, [(0, 0, None, None, 1, 1)], 3)]:
+  def test_every_malformed_state_is_a_value_error(self):
+    registry, leaf = tree_util.default_registry, (0, 0, None, None, 1, 1)
+    states = [
+        (registry,), 5, (registry, [leaf], 3),              # wrong shapes
+        (registry, [leaf, (2, 2, None, None, 1, 2)]),       # wrong arities
+        (registry, [leaf, leaf]), (registry, []),
+        (registry, [leaf, leaf, (5, 2, ["a"], None, 2, 3)]),
+        (registry, [leaf, (5, 1, "a", None, 1, 2)]),
+    ]
+    for state in states:
       with self.assertRaisesRegex(ValueError, "Malformed pickled PyTreeDef"):
         tree_util.PyTreeDef.__new__(tree_util.PyTreeDef).__setstate__(state)
-
-  def test_setstate_of_wrong_arities_is_a_value_error(self):
-    leaf = (0, 0, None, None, 1, 1)
-    for nodes in [[leaf, (2, 2, None, None, 1, 2)], [leaf, leaf], [],
-                  [leaf, leaf, (5, 2, ["a"], None, 2, 3)]]:
-      with self.assertRaisesRegex(ValueError, "Malformed pickled PyTreeDef"):
-        tree_util.PyTreeDef.__new__(tree_util.PyTreeDef).__setstate__(
-            (tree_util.default_registry, nodes))
 
 
 if __name__ == "__main__":
