@@ -42,6 +42,36 @@ std::string CycleMessage(nb::handle obj) {
 namespace {
 
 
+// Stock jaxlib deprecates treating these builtin iterables as leaves (they
+// are usually a mistake: a generator passed where a list was meant), with a
+// DeprecationWarning, unless an is_leaf predicate claimed them.
+void WarnIfIterableLeaf(nb::handle obj) {
+  PyTypeObject* type = Py_TYPE(obj.ptr());
+  const bool deprecated =
+      type == &PyDictValues_Type ||
+      (PyIter_Check(obj.ptr()) &&
+       (PyGen_Check(obj.ptr()) || PyObject_TypeCheck(obj.ptr(), &PyZip_Type) ||
+        PyObject_TypeCheck(obj.ptr(), &PyListIter_Type) ||
+        PyObject_TypeCheck(obj.ptr(), &PySetIter_Type) ||
+        PyObject_TypeCheck(obj.ptr(), &PyMap_Type) ||
+        PyObject_TypeCheck(obj.ptr(), &PyFilter_Type) ||
+        PyObject_TypeCheck(obj.ptr(), &PyEnum_Type) ||
+        PyObject_TypeCheck(obj.ptr(), &PyReversed_Type) ||
+        PyObject_TypeCheck(obj.ptr(), &PyTupleIter_Type) ||
+        PyObject_TypeCheck(obj.ptr(), &PyDictIterKey_Type) ||
+        PyObject_TypeCheck(obj.ptr(), &PyDictIterValue_Type) ||
+        PyObject_TypeCheck(obj.ptr(), &PyDictIterItem_Type)));
+  if (!deprecated) return;
+  const std::string message =
+      std::string("Python iterable type '") + type->tp_name +
+      "' is treated as a leaf in PyTree. Use is_leaf to suppress this "
+      "warning if you want this behavior. In a future version of JAX, this "
+      "will become an error.";
+  if (PyErr_WarnEx(PyExc_DeprecationWarning, message.c_str(), 1) < 0) {
+    throw nb::python_error();
+  }
+}
+
 bool PredicateSaysLeaf(nb::handle result) {
   if (result.ptr() == Py_True) return true;
   if (result.ptr() == Py_False || result.is_none()) return false;
@@ -159,6 +189,7 @@ class Flattener {
     Node node;
     node.kind = registry_.KindOfObject(obj, &node.custom);
     if (node.kind == PyTreeKind::kLeaf) {
+      WarnIfIterableLeaf(obj);
       AddLeaf(obj);
       return;
     }
@@ -200,12 +231,14 @@ class Flattener {
       }
       case PyTreeKind::kDict: {
         nb::list keys = SortedDictKeys(obj);
+        node.dict_keys.reserve(PyList_GET_SIZE(keys.ptr()));
         for (nb::handle key : keys) {
           PyObject* value = PyDict_GetItemWithError(obj.ptr(), key.ptr());
           if (value == nullptr) {
             if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key.ptr());
             throw nb::python_error();
           }
+          node.dict_keys.push_back(nb::borrow(key));
           nb::object child = nb::borrow(value);
           if constexpr (kWithPath) {
             FlattenChild(child, MakeDictKey(key));
@@ -213,8 +246,7 @@ class Flattener {
             Flatten(child);
           }
         }
-        node.arity = PyList_GET_SIZE(keys.ptr());
-        node.node_data = std::move(keys);
+        node.arity = node.dict_keys.size();
         break;
       }
       case PyTreeKind::kCustom: {
@@ -512,9 +544,12 @@ nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
           ThrowMismatch("Expected dict, got " + Repr(object) + ".");
         }
         nb::list keys = SortedDictKeys(object);
-        if (!keys.equal(node.node_data)) {
+        if (!SameDictKeys(node.dict_keys, PyList_GET_SIZE(keys.ptr()),
+                          [&](size_t i) {
+                            return PyList_GET_ITEM(keys.ptr(), i);
+                          })) {
           ThrowMismatch("Dict key mismatch; expected keys: " +
-                        Repr(node.node_data) + "; present keys: " +
+                        Repr(ExportedNodeData(node)) + "; present keys: " +
                         Repr(keys) + ".");
         }
         for (nb::handle key : keys) {

@@ -61,6 +61,22 @@ bool CheckFlag(nb::handle flag) {
   return flag.ptr() == Py_True;
 }
 
+// Whether `other`, one of our treedefs or a stock jaxlib one, equals `self`
+// (stock's treedefs come from jit's dispatch registry: a tree flattened there
+// and here must compare equal, as between two stock registries); nullopt when
+// `other` is no treedef.
+std::optional<bool> CompareTreeDefs(const PyTreeDef& self, nb::handle other) {
+  if (nb::isinstance<PyTreeDef>(other)) {
+    return self.Equals(nb::cast<const PyTreeDef&>(other));
+  }
+  if (!IsStockTreeDef(other)) return std::nullopt;
+  try {
+    return self.Equals(self.FromStockTreeDef(other));
+  } catch (const nb::builtin_exception&) {
+    return false;  // A node type this registry does not know.
+  }
+}
+
 // Borrowed from the module's `_default_registry`, which owns it.
 nb::handle default_registry_ref;
 
@@ -68,7 +84,10 @@ nb::handle default_registry_ref;
 
 int PyTreeDef::Traverse(visitproc visit, void* arg) const {
   Py_VISIT(registry_ref_.ptr());
-  for (const Node& node : traversal_) Py_VISIT(node.node_data.ptr());
+  for (const Node& node : traversal_) {
+    Py_VISIT(node.node_data.ptr());
+    for (const nb::object& key : node.dict_keys) Py_VISIT(key.ptr());
+  }
   return 0;
 }
 
@@ -183,6 +202,21 @@ NB_MODULE(pytree, m) {
           nb::sig("def register_dataclass_node(self, type: type, data_fields: "
                   "typing.Sequence[str], meta_fields: Sequence[str], /, *, "
                   "preserve_relative_identities: bool = False) -> Any"))
+      .def("preserve_relative_identities",
+           &PyTreeRegistry::PreserveRelativeIdentities, nb::arg("type").none(),
+           "Opts `type` and every subclass of it, registered before or after "
+           "this call, in to relative identities. `type` need not be "
+           "registered itself; builtin node types (None, tuple, list, dict) "
+           "cannot be opted in.",
+           nb::sig("def preserve_relative_identities(self, type: type, /) "
+                   "-> None"))
+      .def("preserves_relative_identities",
+           &PyTreeRegistry::PreservesRelativeIdentities, nb::arg("type").none(),
+           "Whether nodes of `type` keep relative identities: it is "
+           "registered with preserve_relative_identities=True, or it or a "
+           "base class was given to preserve_relative_identities().",
+           nb::sig("def preserves_relative_identities(self, type: type, /) "
+                   "-> bool"))
       .def("__reduce__", [](nb::handle self) { return self.attr("__name__"); },
            nb::sig("def __reduce__(self) -> str"));
 
@@ -224,19 +258,34 @@ NB_MODULE(pytree, m) {
                    "list[Any]"))
       .def_prop_ro("num_leaves", &PyTreeDef::num_leaves)
       .def_prop_ro("num_nodes", &PyTreeDef::num_nodes)
+      .def_prop_ro("has_shared_nodes", &PyTreeDef::HasSharedNodes,
+                   "Whether some node is the target of a reference in this "
+                   "treedef (a node with relative identities that the "
+                   "flattened tree held more than once).")
+      .def_prop_ro("has_external_references",
+                   &PyTreeDef::HasExternalReferences,
+                   "Whether some reference's target lies outside this "
+                   "treedef (a child cut out of a larger one); such a "
+                   "treedef cannot be unflattened on its own.")
+      .def_prop_ro("is_reference", &PyTreeDef::IsReference,
+                   "Whether the root is a reference to a shared node; its "
+                   "node_data() is then (type, SharedReference(distance)).")
+      .def("shared_references", &PyTreeDef::SharedReferences,
+           "{reference: target} for every reference, as traversal indices "
+           "(post-order, counted from this treedef's first node); a target "
+           "outside this treedef has a negative index.",
+           nb::sig("def shared_references(self) -> dict[int, int]"))
       .def("__repr__", &PyTreeDef::ToString)
-      .def(
-          "__eq__",
-          [](const PyTreeDef& self, nb::handle other) {
-            return nb::isinstance<PyTreeDef>(other) &&
-                   self.Equals(nb::cast<const PyTreeDef&>(other));
-          })
-      .def(
-          "__ne__",
-          [](const PyTreeDef& self, nb::handle other) {
-            return nb::isinstance<PyTreeDef>(other) &&
-                   !self.Equals(nb::cast<const PyTreeDef&>(other));
-          })
+      .def("__eq__",
+           [](const PyTreeDef& self, nb::handle other) {
+             return CompareTreeDefs(self, other).value_or(false);
+           })
+      .def("__ne__",
+           [](const PyTreeDef& self, nb::handle other) {
+             // Stock answers False for a non-treedef here too.
+             std::optional<bool> equal = CompareTreeDefs(self, other);
+             return equal.has_value() && !*equal;
+           })
       .def("__hash__", &PyTreeDef::Hash)
       .def("serialize_using_proto", &PyTreeDef::SerializeUsingProto)
       .def_static("deserialize_using_proto", &PyTreeDef::DeserializeUsingProto,

@@ -31,21 +31,6 @@ namespace {
 // Owned by the module's attribute of the same name, which outlives every call.
 nb::handle shared_prefix_error_type;
 
-// Whether two nodes are the same kind of node with equal node data, the test
-// stock JAX applies between a prefix and a full tree (`node_data() ==`).
-bool SameNode(const Node& a, const Node& b) {
-  if (a.kind != b.kind || a.arity != b.arity) return false;
-  if ((a.custom == nullptr) != (b.custom == nullptr)) return false;
-  if (a.custom != nullptr && !a.custom->type.is(b.custom->type)) return false;
-  if (!a.node_data.is_valid() || !b.node_data.is_valid()) {
-    return a.node_data.is_valid() == b.node_data.is_valid();
-  }
-  const int equal =
-      PyObject_RichCompareBool(a.node_data.ptr(), b.node_data.ptr(), Py_EQ);
-  if (equal < 0) throw nb::python_error();
-  return equal == 1;
-}
-
 // The prefix gives one value to a shared node twice: the same object, or
 // objects of one type that compare equal.
 bool SameValue(nb::handle a, nb::handle b) {
@@ -170,7 +155,7 @@ class PrefixBroadcast {
       references_.emplace_back(f, p);
       return;
     }
-    if (full_node.kind == PyTreeKind::kLeaf || !SameNode(prefix_node, full_node)) {
+    if (full_node.kind == PyTreeKind::kLeaf || !NodesEqual(prefix_node, full_node)) {
       throw NotAPrefix();
     }
     const std::vector<Py_ssize_t> prefix_children = prefix_def_.ChildIndices(p);
@@ -225,7 +210,7 @@ class PrefixBroadcast {
     }
     const Node& full_node = full_[f];
     if (full_node.kind == PyTreeKind::kLeaf ||
-        !SameNode(prefix_node, full_node)) {
+        !NodesEqual(prefix_node, full_node)) {
       throw NotAPrefix();
     }
     const std::vector<Py_ssize_t> prefix_children = prefix_def_.ChildIndices(p);

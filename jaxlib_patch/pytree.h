@@ -16,6 +16,7 @@
 
 #include <Python.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -57,7 +58,9 @@ class PyTreeRegistry {
     // kDataclass only.
     std::vector<nb::str> data_fields;
     std::vector<nb::str> meta_fields;
-    bool preserve_relative_identities = false;
+    // Set at registration, or later by PreserveRelativeIdentities (never
+    // cleared): atomic because flattens read it without the registry's lock.
+    std::atomic<bool> preserve_relative_identities{false};
   };
 
   PyTreeRegistry(bool enable_none, bool enable_tuple, bool enable_namedtuple,
@@ -83,30 +86,46 @@ class PyTreeRegistry {
 
   bool IsNode(nb::handle type) const;
 
+  // Opts `type` and every subclass of it, registered now or later, in to
+  // relative identities. `type` itself need not be registered.
+  void PreserveRelativeIdentities(nb::handle type);
+  // Whether nodes of `type` keep relative identities: it is registered with
+  // them, or it or a base class was opted in by PreserveRelativeIdentities.
+  bool PreservesRelativeIdentities(nb::handle type) const;
+
   int Traverse(visitproc visit, void* arg) const;
 
  private:
   void Insert(std::unique_ptr<Registration> registration);
+  // Whether `type` derives from (or is) a class given to
+  // PreserveRelativeIdentities. Needs `mutex_` held.
+  bool InheritsOptInLocked(PyTypeObject* type) const;
 
   bool enable_none_, enable_tuple_, enable_list_, enable_dict_;
   // Registrations are never removed, so the pointers handed out stay valid
   // for the registry's lifetime (treedefs keep their registry alive).
   std::unordered_map<PyTypeObject*, std::unique_ptr<Registration>>
       registrations_;
+  // The classes given to PreserveRelativeIdentities, in call order.
+  std::vector<nb::object> opted_in_bases_;
   mutable nb::ft_mutex mutex_;
 };
 
 inline bool PreservesIdentity(const PyTreeRegistry::Registration* custom) {
-  return custom != nullptr && custom->preserve_relative_identities;
+  return custom != nullptr &&
+         custom->preserve_relative_identities.load(std::memory_order_relaxed);
 }
 
 struct Node {
   PyTreeKind kind = PyTreeKind::kLeaf;
   Py_ssize_t arity = 0;
-  // tuple/list/None: null. dict: the sorted list of keys. namedtuple: its
-  // type. custom: the aux data. dataclass: the tuple of meta field values.
-  // A reference: null (the target holds it).
+  // tuple/list/None/dict: null. namedtuple: its type. custom: the aux data.
+  // dataclass: the tuple of meta field values. A reference: null (the
+  // target holds it).
   nb::object node_data;
+  // dict: its keys, sorted. Held one by one (not as a list) so that the
+  // garbage collector sees each key as the treedef's referent, as in stock.
+  std::vector<nb::object> dict_keys;
   const PyTreeRegistry::Registration* custom = nullptr;
   Py_ssize_t num_leaves = 0;
   Py_ssize_t num_nodes = 0;
@@ -117,6 +136,11 @@ struct Node {
 
   bool is_reference() const { return shared_distance != 0; }
 };
+
+// Whether two nodes are the same kind of node with equal node data (their
+// sharing aside): what treedef equality compares per position, and what a
+// tree prefix must match.
+bool NodesEqual(const Node& a, const Node& b);
 
 // Marker returned by `node_data()` for a treedef whose root is a reference:
 // `(type, SharedReference(distance))`. `from_node_data_and_children` turns it
@@ -161,6 +185,18 @@ class PyTreeDef {
   // Takes a list, as stock does, whatever its signature says.
   static nb::object Tuple(nb::handle_t<PyTreeRegistry> registry_ref,
                           nb::list treedefs);
+  // Sharing facts, read off the references (see docs/api.md).
+  // Some node is the target of a reference inside this treedef.
+  bool HasSharedNodes() const;
+  // Some reference's target lies before this treedef's first node (it was
+  // cut out of a larger treedef).
+  bool HasExternalReferences() const;
+  // The root is a reference.
+  bool IsReference() const;
+  // {reference index: target index}, traversal indices counted from this
+  // treedef's first node; an external target's index is negative.
+  nb::dict SharedReferences() const;
+
   // The key path from the root to the node at `index`: a tuple of keys as
   // flatten_with_path gives them (a custom node's children by their flat
   // index, since only the object itself knows its keys), and as text
@@ -178,6 +214,10 @@ class PyTreeDef {
   // --- serialization.cc
   nb::object GetState() const;
   void SetState(nb::handle state);
+  // A stock jaxlib PyTreeDef (see IsStockTreeDef) as a treedef on this one's
+  // registry, for equality across the two modules. ValueError if a node type
+  // is not registered here.
+  PyTreeDef FromStockTreeDef(nb::handle stock) const;
   nb::bytes SerializeUsingProto() const;
   static nb::object DeserializeUsingProto(
       nb::handle_t<PyTreeRegistry> registry_ref, nb::bytes data);
@@ -202,10 +242,17 @@ class PyTreeDef {
   std::vector<Py_ssize_t> ChildIndices(Py_ssize_t index) const;
 
  private:
+  // The traversal from the entries of a pickled state, on registry_.
+  void SetNodes(nb::handle nodes);
+
   PyTreeRegistry* registry_;
   nb::object registry_ref_;
   std::vector<Node> traversal_;
 };
+
+// Whether `obj` is a stock jaxlib._jax.pytree.PyTreeDef: jit's dispatch
+// registry, a stock one, makes those.
+bool IsStockTreeDef(nb::handle obj);
 
 // Wraps a PyTreeDef built in C++ into its Python object.
 nb::object WrapTreeDef(PyTreeDef&& treedef);
@@ -230,9 +277,27 @@ nb::list SortedDictKeys(nb::handle dict);
 // `nb::list(x)` borrows instead of copying when `x` is an accessor.)
 nb::list CopyToList(nb::handle sequence);
 
-// A node's data as handed to Python code: a dict's key list is copied, since
-// the treedef indexes into it and must stay immutable; other data as is.
+// A node's data as handed to Python code: a dict's keys as a new list; other
+// data as is.
 nb::object ExportedNodeData(const Node& node);
+
+// Whether a dict node's `keys` equal the `size` keys `key_at(i)` gives, as
+// Python compares two lists of them (== item by item, identity first).
+template <typename KeyAt>
+bool SameDictKeys(const std::vector<nb::object>& keys, size_t size,
+                  KeyAt&& key_at) {
+  if (keys.size() != size) return false;
+  for (size_t i = 0; i < size; ++i) {
+    const int equal =
+        PyObject_RichCompareBool(keys[i].ptr(), key_at(i), Py_EQ);
+    if (equal < 0) throw nb::python_error();
+    if (equal == 0) return false;
+  }
+  return true;
+}
+
+// A dict node's keys from a list or tuple of them (pickles, node_data).
+std::vector<nb::object> DictKeysFrom(nb::handle sequence);
 
 // PyTreeRegistry.flatten_one_level(_with_keys) and all_leaves.
 nb::object FlattenOneLevel(const PyTreeRegistry& registry, nb::handle tree);

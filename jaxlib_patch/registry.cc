@@ -1,5 +1,6 @@
 // PyTreeRegistry: which types are nodes and how they flatten.
 
+#include <string>
 #include <utility>
 
 #include "jaxlib_patch/pytree.h"
@@ -33,6 +34,13 @@ void PyTreeRegistry::Insert(std::unique_ptr<Registration> registration) {
   bool inserted;
   {
     nb::ft_lock_guard lock(mutex_);
+    // Checked under the lock that PreserveRelativeIdentities takes, so a
+    // subclass registered while its base is being opted in misses neither.
+    if ((registration->kind == PyTreeKind::kCustom ||
+         registration->kind == PyTreeKind::kDataclass) &&
+        InheritsOptInLocked(type)) {
+      registration->preserve_relative_identities = true;
+    }
     inserted = registrations_.try_emplace(type, std::move(registration)).second;
   }
   if (!inserted) {  // try_emplace left `registration` untouched.
@@ -106,6 +114,66 @@ bool PyTreeRegistry::IsNode(nb::handle type) const {
          PyTreeKind::kLeaf;
 }
 
+bool PyTreeRegistry::InheritsOptInLocked(PyTypeObject* type) const {
+  if (!PyType_Check(reinterpret_cast<PyObject*>(type))) return false;
+  for (const nb::object& base : opted_in_bases_) {
+    if (PyType_IsSubtype(type, reinterpret_cast<PyTypeObject*>(base.ptr()))) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// A node of a builtin kind is never shared: its identity is not the user's.
+static bool IsBuiltinNodeType(nb::handle type) {
+  return type.is(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(Py_None)))) ||
+         type.is(nb::handle(reinterpret_cast<PyObject*>(&PyTuple_Type))) ||
+         type.is(nb::handle(reinterpret_cast<PyObject*>(&PyList_Type))) ||
+         type.is(nb::handle(reinterpret_cast<PyObject*>(&PyDict_Type)));
+}
+
+static PyTypeObject* CheckType(nb::handle type, const char* what) {
+  if (!PyType_Check(type.ptr())) {
+    throw nb::type_error(
+        (std::string(what) + " expects a class, got " + Repr(type) + ".")
+            .c_str());
+  }
+  return reinterpret_cast<PyTypeObject*>(type.ptr());
+}
+
+void PyTreeRegistry::PreserveRelativeIdentities(nb::handle type) {
+  PyTypeObject* cls = CheckType(type, "preserve_relative_identities");
+  if (IsBuiltinNodeType(type)) {
+    throw nb::value_error(
+        ("preserve_relative_identities: " + Repr(type) +
+         " is a builtin pytree node; only registered classes can keep "
+         "relative identities.")
+            .c_str());
+  }
+  nb::ft_lock_guard lock(mutex_);
+  if (!InheritsOptInLocked(cls)) opted_in_bases_.push_back(nb::borrow(type));
+  for (auto& [registered, registration] : registrations_) {
+    if ((registration->kind == PyTreeKind::kCustom ||
+         registration->kind == PyTreeKind::kDataclass) &&
+        PyType_Check(reinterpret_cast<PyObject*>(registered)) &&
+        PyType_IsSubtype(registered, cls)) {
+      registration->preserve_relative_identities = true;
+    }
+  }
+}
+
+bool PyTreeRegistry::PreservesRelativeIdentities(nb::handle type) const {
+  PyTypeObject* cls = CheckType(type, "preserves_relative_identities");
+  const Registration* custom = nullptr;
+  const PyTreeKind kind = KindOfType(cls, &custom);
+  if (custom != nullptr) return PreservesIdentity(custom);
+  // A builtin node (None, tuple, list, dict, a namedtuple) never is; an
+  // unregistered class is once registered if it inherits an opt-in.
+  if (kind != PyTreeKind::kLeaf) return false;
+  nb::ft_lock_guard lock(mutex_);
+  return InheritsOptInLocked(cls);
+}
+
 int PyTreeRegistry::Traverse(visitproc visit, void* arg) const {
   nb::ft_lock_guard lock(mutex_);
   for (const auto& [type, registration] : registrations_) {
@@ -114,6 +182,7 @@ int PyTreeRegistry::Traverse(visitproc visit, void* arg) const {
     Py_VISIT(registration->from_iterable.ptr());
     Py_VISIT(registration->to_iterable_with_keys.ptr());
   }
+  for (const nb::object& base : opted_in_bases_) Py_VISIT(base.ptr());
   return 0;
 }
 

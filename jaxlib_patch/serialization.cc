@@ -33,44 +33,80 @@ nb::object PyTreeDef::GetState() const {
   return nb::make_tuple(registry_ref_, nodes);
 }
 
+namespace {
+
+[[noreturn]] void FailMalformedState(const std::string& message) {
+  throw nb::value_error(("Malformed pickled PyTreeDef: " + message).c_str());
+}
+
+}  // namespace
+
 void PyTreeDef::SetState(nb::handle state) {
-  auto fail = [](const std::string& message) {
-    throw nb::value_error(("Malformed pickled PyTreeDef: " + message).c_str());
-  };
   if (!PyTuple_Check(state.ptr()) || PyTuple_GET_SIZE(state.ptr()) != 2) {
-    fail("expected a (registry, nodes) pair");
+    FailMalformedState("expected a (registry, nodes) pair");
   }
   nb::handle registry_ref = PyTuple_GET_ITEM(state.ptr(), 0);
   if (!nb::isinstance<PyTreeRegistry>(registry_ref)) {
-    fail("the first item is not a PyTreeRegistry");
+    FailMalformedState("the first item is not a PyTreeRegistry");
   }
   registry_ = nb::cast<PyTreeRegistry*>(registry_ref);
   registry_ref_ = nb::borrow(registry_ref);
+  SetNodes(PyTuple_GET_ITEM(state.ptr(), 1));
+}
+
+bool IsStockTreeDef(nb::handle obj) {
+  PyTypeObject* type = Py_TYPE(obj.ptr());
+  if (std::string_view(type->tp_name) != "PyTreeDef" &&
+      std::string_view(type->tp_name) != "jaxlib._jax.pytree.PyTreeDef") {
+    return false;
+  }
+  nb::object module = nb::steal(
+      PyObject_GetAttrString(reinterpret_cast<PyObject*>(type), "__module__"));
+  if (!module.is_valid()) {
+    PyErr_Clear();
+    return false;
+  }
+  return PyUnicode_Check(module.ptr()) &&
+         PyUnicode_CompareWithASCIIString(module.ptr(),
+                                          "jaxlib._jax.pytree") == 0;
+}
+
+PyTreeDef PyTreeDef::FromStockTreeDef(nb::handle stock) const {
+  // Stock's state has the same entries as ours (it has no references); its
+  // custom types are looked up in this treedef's registry.
+  nb::object state = stock.attr("__getstate__")();
+  if (!PyTuple_Check(state.ptr()) || PyTuple_GET_SIZE(state.ptr()) != 2) {
+    FailMalformedState("expected a (registry, nodes) pair");
+  }
+  PyTreeDef converted(registry(), registry_ref_);
+  converted.SetNodes(PyTuple_GET_ITEM(state.ptr(), 1));
+  return converted;
+}
+
+void PyTreeDef::SetNodes(nb::handle nodes) {
   traversal_.clear();
-  for (nb::handle entry : nb::iter(PyTuple_GET_ITEM(state.ptr(), 1))) {
+  for (nb::handle entry : nb::iter(nodes)) {
     if (!PyTuple_Check(entry.ptr()) || PyTuple_GET_SIZE(entry.ptr()) < 6 ||
         PyTuple_GET_SIZE(entry.ptr()) > 7) {
-      fail("a node entry is not a tuple of 6 or 7 items");
+      FailMalformedState("a node entry is not a tuple of 6 or 7 items");
     }
     nb::tuple fields = nb::borrow<nb::tuple>(entry);
     Node node;
     const int kind = nb::cast<int>(fields[0]);
     if (kind < 0 || kind > static_cast<int>(PyTreeKind::kDataclass)) {
-      fail("unknown node kind " + std::to_string(kind));
+      FailMalformedState("unknown node kind " + std::to_string(kind));
     }
     node.kind = static_cast<PyTreeKind>(kind);
     node.arity = nb::cast<Py_ssize_t>(fields[1]);
     if (fields.size() == 7) node.shared_distance = nb::cast<Py_ssize_t>(fields[6]);
-    const bool has_data = node.kind == PyTreeKind::kDict ||
-                          node.kind == PyTreeKind::kNamedTuple ||
+    const bool has_data = node.kind == PyTreeKind::kNamedTuple ||
                           node.kind == PyTreeKind::kCustom ||
                           node.kind == PyTreeKind::kDataclass;
-    if (has_data && !node.is_reference()) {
-      // A dict's keys are copied: the caller keeps the state's list.
-      nb::handle data = fields[2];
-      node.node_data = node.kind == PyTreeKind::kDict && PyList_Check(data.ptr())
-                           ? CopyToList(data)
-                           : nb::borrow(data);
+    if (node.kind == PyTreeKind::kDict) {
+      if (!PyList_Check(fields[2].ptr())) FailMalformedState("a dict's keys are not a list");
+      node.dict_keys = DictKeysFrom(fields[2]);
+    } else if (has_data && !node.is_reference()) {
+      node.node_data = nb::borrow(fields[2]);
     }
     if (node.kind == PyTreeKind::kCustom || node.kind == PyTreeKind::kDataclass) {
       nb::handle type = fields[3];
@@ -79,12 +115,21 @@ void PyTreeDef::SetState(nb::handle state) {
                               reinterpret_cast<PyTypeObject*>(type.ptr()))
                         : nullptr;
       if (node.custom == nullptr) {
-        fail("unknown custom type " + Repr(type));
+        FailMalformedState("unknown custom type " + Repr(type));
       }
     }
     traversal_.push_back(std::move(node));
   }
-  Validate();
+  // Validate() raises RuntimeError, as stock does, for a traversal that
+  // from_node_data_and_children or treedef_tuple assembled wrong; a malformed
+  // state is the caller's bad input, so here every problem is a ValueError.
+  try {
+    Validate();
+  } catch (const nb::builtin_exception&) {
+    throw;
+  } catch (const std::runtime_error& error) {
+    FailMalformedState(error.what());
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -190,7 +235,7 @@ nb::bytes PyTreeDef::SerializeUsingProto() const {
       case PyTreeKind::kTuple: type = kProtoTuple; break;
       case PyTreeKind::kDict:
         type = kProtoDict;
-        for (nb::handle key : node.node_data) {
+        for (const nb::object& key : node.dict_keys) {
           if (!PyUnicode_Check(key.ptr())) {
             throw nb::value_error(
                 "Only string keys are supported in proto pytree "
@@ -291,12 +336,10 @@ nb::object PyTreeDef::DeserializeUsingProto(
   for (size_t i = 0; i < treedef.traversal_.size(); ++i) {
     Node& node = treedef.traversal_[i];
     if (node.kind != PyTreeKind::kDict) continue;
-    nb::list keys;
     for (uint32_t id : dict_key_ids[i]) {
       if (id >= interned.size()) ProtoReader::Fail();
-      keys.append(nb::str(interned[id].data(), interned[id].size()));
+      node.dict_keys.push_back(nb::str(interned[id].data(), interned[id].size()));
     }
-    node.node_data = std::move(keys);
   }
   treedef.Validate();
   return WrapTreeDef(std::move(treedef));

@@ -83,8 +83,32 @@ static bool SameCustomType(const Node& a, const Node& b) {
   if (a.custom == b.custom) return true;
   return a.custom != nullptr && b.custom != nullptr &&
          a.custom->type.is(b.custom->type) &&
-         a.custom->preserve_relative_identities ==
-             b.custom->preserve_relative_identities;
+         PreservesIdentity(a.custom) == PreservesIdentity(b.custom);
+}
+
+bool NodesEqual(const Node& a, const Node& b) {
+  if (a.kind != b.kind || a.arity != b.arity || !SameCustomType(a, b) ||
+      a.node_data.is_valid() != b.node_data.is_valid()) {
+    return false;
+  }
+  if (a.kind == PyTreeKind::kDict &&
+      !SameDictKeys(a.dict_keys, b.dict_keys.size(),
+                    [&](size_t k) { return b.dict_keys[k].ptr(); })) {
+    return false;
+  }
+  if (!a.node_data.is_valid()) return true;
+  const int equal =
+      PyObject_RichCompareBool(a.node_data.ptr(), b.node_data.ptr(), Py_EQ);
+  if (equal < 0) {
+    nb::python_error error;
+    nb::raise_from(
+        error, PyExc_ValueError,
+        "Exception raised while checking equality of metadata fields of "
+        "pytree. Make sure that metadata fields are hashable and have "
+        "simple equality semantics. (Note: arrays cannot be passed as "
+        "metadata fields!)");
+  }
+  return equal == 1;
 }
 
 bool PyTreeDef::Equals(const PyTreeDef& other) const {
@@ -92,24 +116,9 @@ bool PyTreeDef::Equals(const PyTreeDef& other) const {
   for (size_t i = 0; i < traversal_.size(); ++i) {
     const Node& a = traversal_[i];
     const Node& b = other.traversal_[i];
-    if (a.kind != b.kind || a.arity != b.arity || !SameCustomType(a, b) ||
-        a.shared_distance != b.shared_distance ||
-        a.node_data.is_valid() != b.node_data.is_valid()) {
+    if (a.shared_distance != b.shared_distance || !NodesEqual(a, b)) {
       return false;
     }
-    if (!a.node_data.is_valid()) continue;
-    const int equal = PyObject_RichCompareBool(a.node_data.ptr(),
-                                               b.node_data.ptr(), Py_EQ);
-    if (equal < 0) {
-      nb::python_error error;
-      nb::raise_from(
-          error, PyExc_ValueError,
-          "Exception raised while checking equality of metadata fields of "
-          "pytree. Make sure that metadata fields are hashable and have "
-          "simple equality semantics. (Note: arrays cannot be passed as "
-          "metadata fields!)");
-    }
-    if (equal == 0) return false;
   }
   return true;
 }
@@ -128,6 +137,38 @@ size_t PyTreeDef::Hash() const {
     hash = HashCombine(hash, node.shared_distance);
   }
   return hash;
+}
+
+bool PyTreeDef::HasSharedNodes() const {
+  for (size_t i = 0; i < traversal_.size(); ++i) {
+    const Py_ssize_t distance = traversal_[i].shared_distance;
+    if (distance != 0 && distance <= static_cast<Py_ssize_t>(i)) return true;
+  }
+  return false;
+}
+
+bool PyTreeDef::HasExternalReferences() const {
+  for (size_t i = 0; i < traversal_.size(); ++i) {
+    if (traversal_[i].shared_distance > static_cast<Py_ssize_t>(i)) return true;
+  }
+  return false;
+}
+
+bool PyTreeDef::IsReference() const {
+  registry();  // Raises on a treedef emptied by the garbage collector.
+  return traversal_.back().is_reference();
+}
+
+nb::dict PyTreeDef::SharedReferences() const {
+  nb::dict references;
+  for (size_t i = 0; i < traversal_.size(); ++i) {
+    const Node& node = traversal_[i];
+    if (node.is_reference()) {
+      references[nb::int_(i)] =
+          nb::int_(static_cast<Py_ssize_t>(i) - node.shared_distance);
+    }
+  }
+  return references;
 }
 
 std::vector<Py_ssize_t> PyTreeDef::ChildIndices(Py_ssize_t index) const {
@@ -224,7 +265,7 @@ nb::str PyTreeDef::ToString() const {
       steps.push_back({children[k], {}});
       std::string before = k > 0 ? ", " : "";
       if (node.kind == PyTreeKind::kDict) {
-        before += Repr(PyList_GET_ITEM(node.node_data.ptr(), k)) + ": ";
+        before += Repr(node.dict_keys[k]) + ": ";
       }
       if (!before.empty()) steps.push_back({-1, std::move(before)});
     }
@@ -242,7 +283,7 @@ nb::tuple PyTreeDef::KeyPathTo(Py_ssize_t index) const {
     while (children[k] < index) ++k;  // The child whose subtree holds index.
     switch (node.kind) {
       case PyTreeKind::kDict:
-        keys.push_back(MakeDictKey(PyList_GET_ITEM(node.node_data.ptr(), k)));
+        keys.push_back(MakeDictKey(node.dict_keys[k]));
         break;
       case PyTreeKind::kNamedTuple: {
         // A forged (unpickled) treedef may name a type with fewer fields.
@@ -298,9 +339,23 @@ nb::list CopyToList(nb::handle sequence) {
 }
 
 nb::object ExportedNodeData(const Node& node) {
+  if (node.kind == PyTreeKind::kDict) {
+    nb::list keys = nb::steal<nb::list>(PyList_New(node.dict_keys.size()));
+    for (size_t i = 0; i < node.dict_keys.size(); ++i) {
+      PyList_SET_ITEM(keys.ptr(), i, nb::object(node.dict_keys[i]).release().ptr());
+    }
+    return std::move(keys);
+  }
   if (!node.node_data.is_valid()) return nb::none();
-  if (node.kind == PyTreeKind::kDict) return CopyToList(node.node_data);
   return node.node_data;
+}
+
+std::vector<nb::object> DictKeysFrom(nb::handle sequence) {
+  std::vector<nb::object> keys;
+  nb::list items = CopyToList(sequence);
+  keys.reserve(PyList_GET_SIZE(items.ptr()));
+  for (nb::handle key : items) keys.push_back(nb::borrow(key));
+  return keys;
 }
 
 nb::object PyTreeDef::NodeData() const {
@@ -325,13 +380,7 @@ nb::object PyTreeDef::Compose(const PyTreeDef& inner) const {
     throw nb::value_error(
         "PyTree registries of PyTreeDefs passed to Compose() must match.");
   }
-  auto refers_outside = [](const std::vector<Node>& traversal) {
-    for (size_t i = 0; i < traversal.size(); ++i) {
-      if (traversal[i].shared_distance > static_cast<Py_ssize_t>(i)) return true;
-    }
-    return false;
-  };
-  if (refers_outside(traversal_) || refers_outside(inner.traversal_)) {
+  if (HasExternalReferences() || inner.HasExternalReferences()) {
     throw nb::value_error(
         "Cannot compose PyTreeDefs that refer to shared nodes outside of "
         "them.");
@@ -398,7 +447,7 @@ nb::object PyTreeDef::FromNodeDataAndChildren(
         throw nb::type_error(
             "The node data of a dict must be its keys, as a list or tuple.");
       }
-      node.node_data = CopyToList(data);
+      node.dict_keys = DictKeysFrom(data);
     } else if (node.kind == PyTreeKind::kNamedTuple) {
       node.node_data = nb::borrow(type);
     } else if (node.kind == PyTreeKind::kCustom ||
@@ -465,8 +514,7 @@ static void ValidateNodeData(const Node& node, Fail&& fail) {
     case PyTreeKind::kList:
       break;
     case PyTreeKind::kDict:
-      if (!node.node_data.is_valid() || !PyList_Check(node.node_data.ptr()) ||
-          PyList_GET_SIZE(node.node_data.ptr()) != node.arity) {
+      if (static_cast<Py_ssize_t>(node.dict_keys.size()) != node.arity) {
         throw std::runtime_error("Number of keys and entries does not match.");
       }
       break;

@@ -34,7 +34,7 @@ nb::object MakeNode(const Node& node, nb::object* children) {
     case PyTreeKind::kDict: {
       nb::dict dict;
       for (Py_ssize_t i = 0; i < node.arity; ++i) {
-        dict[PyList_GET_ITEM(node.node_data.ptr(), i)] = children[i];
+        dict[node.dict_keys[i]] = children[i];
       }
       return std::move(dict);
     }

@@ -511,7 +511,11 @@ DEVIATIONS = {
         "PyTreeDef.__setstate__ validates the whole state: ValueError.",
         {"case:setstate_int": raises(ValueError),
          "case:setstate_wrong_tuple": raises(ValueError),
-         "case:setstate_unknown_kind": raises(ValueError)}),
+         "case:setstate_unknown_kind": raises(ValueError),
+         **{f"case:setstate_{name}": raises(ValueError, prefix="Malformed pickled PyTreeDef: ")
+            for name in ("arity_too_big", "negative_arity", "two_roots",
+                         "no_nodes", "dict_keys_short",
+                         "dict_keys_not_a_list")}}),
     6: Deviation(
         "Dict keys with no total order are sorted with Python's sorted(); "
         "stock's order for them is an artifact of its C++ sort.",
@@ -1676,6 +1680,16 @@ def _uninitialized_treedef(side):
   return side.mod.PyTreeDef.__new__(side.mod.PyTreeDef)
 
 
+_LEAF_ENTRY = (0, 0, None, None, 1, 1)
+
+
+def _setstate_then_repr(side, entries):
+  """__setstate__ of (registry, entries), then the treedef's repr."""
+  treedef = _uninitialized_treedef(side)
+  treedef.__setstate__((side.regs["full"], entries))
+  return repr(treedef)
+
+
 def _setstate_initialized(side):
   """__setstate__ on a treedef that already holds a tree (nanobind warns)."""
   with warnings.catch_warnings():
@@ -2011,6 +2025,19 @@ ERROR_CASES = {
         (s.regs["full"], [(0, 0, None, None, 1, 1)], 3)),
     "setstate_unknown_kind": lambda s: _uninitialized_treedef(s).__setstate__(
         (s.regs["full"], [(9, 0, None, None, 1, 1)])),
+    # States whose arities do not make one tree: stock accepts them and fails
+    # at the first use.
+    "setstate_arity_too_big": lambda s: _setstate_then_repr(
+        s, [_LEAF_ENTRY, (2, 2, None, None, 1, 2)]),
+    "setstate_negative_arity": lambda s: _setstate_then_repr(
+        s, [_LEAF_ENTRY, (2, -1, None, None, 1, 2)]),
+    "setstate_two_roots": lambda s: _setstate_then_repr(
+        s, [_LEAF_ENTRY, _LEAF_ENTRY]),
+    "setstate_no_nodes": lambda s: _setstate_then_repr(s, []),
+    "setstate_dict_keys_short": lambda s: _setstate_then_repr(
+        s, [_LEAF_ENTRY, _LEAF_ENTRY, (5, 2, ["a"], None, 2, 3)]),
+    "setstate_dict_keys_not_a_list": lambda s: _setstate_then_repr(
+        s, [_LEAF_ENTRY, (5, 1, "a", None, 1, 2)]),
     "setstate_valid": lambda s: (lambda t: (t.__setstate__(
         _td(s, (1, [2])).__getstate__()), t)[1])(_uninitialized_treedef(s)),
     "setstate_initialized": lambda s: _setstate_initialized(s),

@@ -1,0 +1,182 @@
+"""jax.tree_util.preserve_relative_identities(cls): opting in classes that
+are registered already (as libraries register theirs), with their subclasses,
+and the query preserves_relative_identities (issue 10, item 1).
+
+Opting in cannot be undone, so every test makes its own class hierarchy.
+"""
+
+import gc
+
+from absl.testing import absltest
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import tree_util
+from jax._src import test_util as jtu
+from jax._src import tree_util as tree_util_internal
+
+
+def make_hierarchy():
+  """A library-like hierarchy: a base class that is no pytree node, and
+  subclasses that register themselves when defined (like an
+  ``__init_subclass__`` hook does), without the flag."""
+
+  class Module:
+
+    def __init_subclass__(cls, **kwargs):
+      super().__init_subclass__(**kwargs)
+      tree_util.register_pytree_with_keys(
+          cls,
+          lambda m: (tuple((tree_util.GetAttrKey(k), v)
+                           for k, v in sorted(vars(m).items())),
+                     tuple(sorted(vars(m)))),
+          lambda names, values: cls._build(names, values))
+
+    @classmethod
+    def _build(cls, names, values):
+      obj = object.__new__(cls)
+      for name, value in zip(names, values):
+        setattr(obj, name, value)
+      return obj
+
+  class Linear(Module):
+
+    def __init__(self, w):
+      self.w = w
+
+  class Model(Module):
+
+    def __init__(self, first, second):
+      self.first = first
+      self.second = second
+
+  return Module, Linear, Model
+
+
+class PreserveRelativeIdentitiesTest(jtu.JaxTestCase):
+
+  def test_opts_in_registered_subclasses_and_later_ones(self):
+    Module, Linear, Model = make_hierarchy()
+    layer = Linear(jnp.ones(2))
+    self.assertLen(jax.tree.leaves(Model(layer, layer)), 2)
+    self.assertFalse(tree_util.preserves_relative_identities(Linear))
+
+    tree_util.preserve_relative_identities(Module)
+
+    for cls in (Module, Linear, Model):
+      self.assertTrue(tree_util.preserves_relative_identities(cls))
+    model = Model(layer, layer)
+    self.assertLen(jax.tree.leaves(model), 1)
+    out = jax.tree.map(lambda w: w * 2, model)
+    self.assertIs(out.first, out.second)
+
+    class Conv(Module):   # registered after the call
+
+      def __init__(self, k):
+        self.k = k
+
+    self.assertTrue(tree_util.preserves_relative_identities(Conv))
+    conv = Conv(jnp.zeros(3))
+    self.assertLen(jax.tree.leaves([conv, conv]), 1)
+
+  def test_base_class_itself_is_not_registered(self):
+    Module, _, _ = make_hierarchy()
+    tree_util.preserve_relative_identities(Module)
+    module = Module()
+    self.assertFalse(tree_util.default_registry.is_node(Module))
+    self.assertEqual(jax.tree.leaves([module, module]), [module, module])
+
+  def test_every_registry_of_ours_and_not_the_dispatch_one(self):
+    Module, Linear, _ = make_hierarchy()
+    tree_util.preserve_relative_identities(Module)
+    layer = Linear(1.0)
+    for registry in tree_util_internal._identity_registries:
+      self.assertTrue(registry.preserves_relative_identities(Linear))
+      self.assertTrue(registry.flatten([layer, layer])[1].has_shared_nodes)
+    self.assertNotIn(tree_util_internal.dispatch_registry,
+                     tree_util_internal._identity_registries)
+    leaves, _ = tree_util_internal.dispatch_registry.flatten([layer, layer])
+    self.assertEqual(leaves, [1.0, 1.0])
+
+  def test_jit_grad_vmap_after_the_call(self):
+    Module, Linear, Model = make_hierarchy()
+    tree_util.preserve_relative_identities(Module)
+    layer = Linear(jnp.arange(3.0))
+    model = Model(layer, layer)
+
+    out = jax.jit(lambda m: m)(model)
+    self.assertIs(out.first, out.second)
+
+    grads = jax.grad(lambda m: jnp.sum(m.first.w * 2 + m.second.w))(model)
+    self.assertIs(grads.first, grads.second)
+    self.assertAllClose(grads.first.w, np.full(3, 3.0))
+
+    out = jax.vmap(lambda m: m)(Model(Linear(jnp.ones((2, 3))),
+                                      Linear(jnp.ones((2, 3)))))
+    self.assertIsNot(out.first, out.second)
+    shared_in = Linear(jnp.ones((2, 3)))
+    out = jax.vmap(lambda m: m)(Model(shared_in, shared_in))
+    self.assertIs(out.first, out.second)
+
+  def test_treedefs_and_jit_caches_made_before_stay_valid(self):
+    Module, Linear, Model = make_hierarchy()
+    layer = Linear(jnp.ones(2))
+    model = Model(layer, layer)
+    leaves, before = jax.tree.flatten(model)
+    traces = []
+
+    @jax.jit
+    def f(m):
+      traces.append(None)
+      return m.first.w + m.second.w
+
+    self.assertAllClose(f(model), np.full(2, 2.0))
+    self.assertAllClose(f(model), np.full(2, 2.0))
+    self.assertLen(traces, 1)
+
+    tree_util.preserve_relative_identities(Module)
+
+    # The old treedef still describes two separate layers.
+    rebuilt = jax.tree.unflatten(before, leaves)
+    self.assertIsNot(rebuilt.first, rebuilt.second)
+    self.assertEqual(before, jax.tree.structure(Model(Linear(1), Linear(2))))
+    # A tree without sharing still hits the cache made before the call.
+    self.assertAllClose(f(Model(Linear(jnp.ones(2)), Linear(jnp.ones(2)))),
+                        np.full(2, 2.0))
+    self.assertLen(traces, 1)
+    # The shared tree has a new structure now: one new trace.
+    self.assertAllClose(f(model), np.full(2, 2.0))
+    self.assertLen(traces, 2)
+    out = jax.jit(lambda m: m)(model)
+    self.assertIs(out.first, out.second)
+
+  def test_query_of_builtins_and_plain_classes(self):
+    for cls in (tuple, list, dict, type(None), int, object):
+      self.assertFalse(tree_util.preserves_relative_identities(cls))
+
+  def test_bad_arguments(self):
+    _, Linear, _ = make_hierarchy()
+    for bad in (Linear(1), "Module", None):
+      with self.assertRaisesRegex(TypeError, "expects a class"):
+        tree_util.preserve_relative_identities(bad)
+      with self.assertRaisesRegex(TypeError, "expects a class"):
+        tree_util.preserves_relative_identities(bad)
+    for builtin in (tuple, list, dict, type(None)):
+      with self.assertRaisesRegex(ValueError, "builtin pytree node"):
+        tree_util.preserve_relative_identities(builtin)
+
+  def test_same_api_in_both_modules(self):
+    self.assertIs(tree_util.preserve_relative_identities,
+                  tree_util_internal.preserve_relative_identities)
+    self.assertIs(tree_util.preserves_relative_identities,
+                  tree_util_internal.preserves_relative_identities)
+
+  def test_registries_keep_opted_in_classes_for_gc(self):
+    Module, _, _ = make_hierarchy()
+    tree_util.preserve_relative_identities(Module)
+    self.assertIn(Module, gc.get_referents(tree_util.default_registry))
+
+
+if __name__ == "__main__":
+  absltest.main(testLoader=jtu.JaxTestLoader())

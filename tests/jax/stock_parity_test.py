@@ -1,0 +1,135 @@
+"""jax.tree_util behaves as stock where stock's own tests look (issue 8,
+items 10-13): iterable-leaf warnings, GC referents, treedefs of the default
+and dispatch registries, malformed pickled treedefs."""
+
+import gc
+import warnings
+
+from absl.testing import absltest
+from absl.testing import parameterized
+
+import jax
+from jax import tree_util
+from jax._src import test_util as jtu
+from jax._src import tree_util as tree_util_internal
+
+
+def _generator():
+  yield 1
+
+
+class Point:
+
+  def __init__(self, x):
+    self.x = x
+
+
+tree_util.register_pytree_node(
+    Point, lambda p: ((p.x,), None), lambda _, xs: Point(*xs))
+
+
+class Shared:
+
+  def __init__(self, x):
+    self.x = x
+
+
+tree_util.register_pytree_node(
+    Shared, lambda s: ((s.x,), None), lambda _, xs: Shared(*xs),
+    preserve_relative_identities=True)
+
+
+class IterableLeafWarningTest(jtu.JaxTestCase):
+
+  @parameterized.named_parameters(
+      ("generator", _generator),
+      ("zip", lambda: zip([1], [2])),
+      ("map", lambda: map(abs, [1])),
+      ("dict_values", lambda: {"a": 1}.values()),
+      ("list_iterator", lambda: iter([1])),
+  )
+  def test_tree_functions_warn(self, make):
+    for fn in (jax.tree.leaves, jax.tree.structure,
+               tree_util.tree_flatten_with_path):
+      with self.assertWarnsRegex(
+          DeprecationWarning,
+          "Python iterable type '.*' is treated as a leaf in PyTree."):
+        fn([make()])
+
+  def test_no_warning_when_is_leaf_claims_it(self):
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always")
+      leaves = jax.tree.leaves(
+          {"v": {"a": 1}.values()},
+          is_leaf=lambda x: type(x).__name__ == "dict_values")
+    self.assertEmpty(caught)
+    self.assertLen(leaves, 1)
+
+  def test_no_warning_for_other_leaves(self):
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always")
+      jax.tree.leaves([range(3), {1, 2}, "ab", {"a": 1}.keys(),
+                       jax.numpy.ones(2)])
+    self.assertEmpty(caught)
+
+
+class GcReferentsTest(jtu.JaxTestCase):
+
+  def test_treedef_referents(self):
+    key = "k" + str(1)   # made at run time: not an interned constant
+    treedef = jax.tree.structure({key: 1, "j": Point(2)})
+    referents = gc.get_referents(treedef)
+    self.assertTrue(any(r is key for r in referents))
+    self.assertIn(tree_util.default_registry, referents)
+    self.assertIn(tree_util.PyTreeDef, referents)
+    self.assertFalse(any(isinstance(r, list) for r in referents))
+
+  def test_registry_referents(self):
+    referents = gc.get_referents(tree_util.default_registry)
+    self.assertIn(Point, referents)
+    self.assertIn(Shared, referents)
+
+
+class RegistriesCompareTest(jtu.JaxTestCase):
+
+  def test_default_and_dispatch_treedefs_are_equal(self):
+    tree = [Point(1), {"a": (2, None)}, Point((3, 4))]
+    leaves1, treedef1 = tree_util.default_registry.flatten(tree)
+    leaves2, treedef2 = tree_util_internal.dispatch_registry.flatten(tree)
+    self.assertEqual(treedef1, treedef2)
+    self.assertEqual(leaves1, leaves2)
+
+  def test_different_trees_differ(self):
+    _, treedef1 = tree_util.default_registry.flatten([Point(1), 2])
+    _, treedef2 = tree_util_internal.dispatch_registry.flatten([Point(1)])
+    self.assertNotEqual(treedef1, treedef2)
+
+  def test_sharing_is_not_stock_structure(self):
+    # The dispatch registry knows nothing of sharing: [s, s] flattens to two
+    # nodes there, one node and a reference here.
+    s = Shared(1)
+    _, ours = tree_util.default_registry.flatten([s, s])
+    _, stock = tree_util_internal.dispatch_registry.flatten([s, s])
+    self.assertNotEqual(ours, stock)
+    _, unshared = tree_util.default_registry.flatten([s, Shared(2)])
+    self.assertEqual(unshared, stock)
+
+
+class MalformedPickleTest(jtu.JaxTestCase):
+
+  def test_every_malformed_state_is_a_value_error(self):
+    registry, leaf = tree_util.default_registry, (0, 0, None, None, 1, 1)
+    states = [
+        (registry,), 5, (registry, [leaf], 3),              # wrong shapes
+        (registry, [leaf, (2, 2, None, None, 1, 2)]),       # wrong arities
+        (registry, [leaf, leaf]), (registry, []),
+        (registry, [leaf, leaf, (5, 2, ["a"], None, 2, 3)]),
+        (registry, [leaf, (5, 1, "a", None, 1, 2)]),
+    ]
+    for state in states:
+      with self.assertRaisesRegex(ValueError, "Malformed pickled PyTreeDef"):
+        tree_util.PyTreeDef.__new__(tree_util.PyTreeDef).__setstate__(state)
+
+
+if __name__ == "__main__":
+  absltest.main(testLoader=jtu.JaxTestLoader())
