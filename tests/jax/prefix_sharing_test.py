@@ -179,5 +179,37 @@ class PrefixSharingTest(jtu.JaxTestCase):
     self.assertEqual(jax.tree.leaves(broadcast), [0])
 
 
+class SharingMessagesTest(jtu.JaxTestCase):
+  """Errors about sharing name places as the rest of their message does."""
+
+  def test_aot_call_with_other_sharing_names_args(self):
+    p = Param(jnp.arange(3.0))
+    compiled = jax.jit(lambda a, b: a.value + b.value).lower(p, p).compile()
+    with self.assertRaises(TypeError) as info:
+      compiled(p, Param(jnp.arange(3.0)))
+    message = str(info.exception)
+    self.assertIn("at args[1], seen", message)
+    self.assertIn("that is the object at args[0]", message)
+    self.assertNotIn("key path [0]", message)
+
+  def test_fori_loop_carry_names_the_carry(self):
+    p = Param(jnp.arange(3.0))
+    def body(i, loop_carry):
+      return loop_carry[0], Param(loop_carry[1].value)
+    with self.assertRaises(TypeError) as info:
+      jax.lax.fori_loop(0, 2, body, (p, p))
+    message = str(info.exception)
+    self.assertRegex(message, r"that is the object at \w+\[1\]\[0\]")
+    self.assertNotIn("key path", message)
+
+  def test_pmap_out_axes_conflict_names_out_axes(self):
+    def f(x):
+      n = Param(x)
+      return [n], [n]
+    with self.assertRaises(SharedPrefixError) as info:
+      jax.pmap(f, out_axes=(0, None))(jnp.ones((8, 2)))
+    self.assertIn("pmap out_axes", str(info.exception))
+
+
 if __name__ == "__main__":
   absltest.main(testLoader=jtu.JaxTestLoader())
