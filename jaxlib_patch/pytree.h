@@ -138,8 +138,8 @@ struct Node {
 };
 
 // Whether two nodes are the same kind of node with equal node data (their
-// sharing aside): what treedef equality compares per position, and what a
-// tree prefix must match.
+// sharing aside, and whichever registries made them): what treedef equality
+// compares per position, and what a tree prefix must match.
 bool NodesEqual(const Node& a, const Node& b);
 
 // Marker returned by `node_data()` for a treedef whose root is a reference:

@@ -82,8 +82,7 @@ Py_ssize_t PyTreeDef::num_leaves() const {
 static bool SameCustomType(const Node& a, const Node& b) {
   if (a.custom == b.custom) return true;
   return a.custom != nullptr && b.custom != nullptr &&
-         a.custom->type.is(b.custom->type) &&
-         PreservesIdentity(a.custom) == PreservesIdentity(b.custom);
+         a.custom->type.is(b.custom->type);
 }
 
 bool NodesEqual(const Node& a, const Node& b) {
@@ -116,7 +115,11 @@ bool PyTreeDef::Equals(const PyTreeDef& other) const {
   for (size_t i = 0; i < traversal_.size(); ++i) {
     const Node& a = traversal_[i];
     const Node& b = other.traversal_[i];
-    if (a.shared_distance != b.shared_distance || !NodesEqual(a, b)) {
+    // Treedefs of one type that keeps identities and of one that does not
+    // stand for different things even where nothing is shared.
+    if (a.shared_distance != b.shared_distance ||
+        PreservesIdentity(a.custom) != PreservesIdentity(b.custom) ||
+        !NodesEqual(a, b)) {
       return false;
     }
   }
