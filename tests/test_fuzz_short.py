@@ -63,7 +63,8 @@ def describe(summary, data):
 
 
 def test_short_campaign_past_the_known_findings(tmp_path):
-  """500 programs, without the generators that reach F1-F3."""
+  """500 programs, without the generators of the cases tested one by one
+  below (docs/hardening.md lists them)."""
   summary, data = run_campaign(tmp_path, "--skip-known")
   assert summary["executions"] > 10_000, summary
   assert summary["programs"] == 500, summary
@@ -82,7 +83,8 @@ def test_short_campaign(tmp_path):
 
 
 # ---------------------------------------------------------------------------
-# Regression tests for the findings, each in a child process.
+# What the fuzzer's findings showed must hold, each in a child process (a
+# crash there fails the test instead of the run).
 # ---------------------------------------------------------------------------
 
 
@@ -101,11 +103,10 @@ def run_snippet(code):
 @pytest.mark.parametrize("trigger", ["hash raises", "eq removes the key"])
 @pytest.mark.parametrize("value", ["leaf", "node"])
 def test_f1_flatten_up_to_dict_value_lookup_fails(trigger, value):
-  """F1 (fixed in 3742a1f): flatten_up_to read a dict's values with
-  PyDict_GetItem, which swallows errors and returns NULL: a key whose
-  __hash__ raises (or whose __eq__ removes it from the dict) put a NULL into
-  the returned leaves (a crash when read) or into the agenda (a crash at
-  once). Stock jaxlib raises the key's exception."""
+  """flatten_up_to raises the key's exception, as stock does, when a dict key's
+  __hash__ raises or its __eq__ removes it from the dict mid-lookup: no
+  missing value may reach the leaves or the work list (docs/hardening.md,
+  F1)."""
   run_snippet(f"""
 from jaxlib_patch import pytree as pt
 
@@ -150,9 +151,9 @@ else:
 @pytest.mark.parametrize("use", ["repr", "unflatten", "flatten_up_to",
                                  "node_data"])
 def test_f2_handed_out_dict_keys_are_copies(source, use):
-  """F2 (fixed in 3742a1f for these two): __getstate__() returned, and walk
-  passed to f_node, the treedef's own list of dict keys: clearing it made
-  repr and unflatten read past its end (a crash). Stock hands out copies."""
+  """__getstate__() and walk's f_node hand out copies of a treedef's dict
+  keys, as stock does: clearing what they gave leaves repr, unflatten,
+  flatten_up_to and node_data intact (docs/hardening.md, F2)."""
   out = run_snippet(f"""
 from jaxlib_patch import pytree as pt
 reg = pt.PyTreeRegistry()
@@ -180,8 +181,9 @@ print("ok")
 
 
 def test_f2_setstate_copies_the_callers_dict_keys():
-  """F2 (fixed in 57dde57): __setstate__ kept the caller's list of dict
-  keys: `nb::list(fields[2])` in serialization.cc did not copy, because
+  """__setstate__ copies the caller's list of dict keys, so changing that
+  list afterwards cannot change the treedef (docs/hardening.md, F2). It once
+  kept it: `nb::list(fields[2])` in serialization.cc did not copy, because
   `fields[2]` is a nanobind accessor, whose conversion to `nb::list` is an
   unchecked borrow (the explicit `list(handle)` constructor, which copies,
   is not chosen). Clearing the list afterwards made repr read past its end
@@ -208,12 +210,11 @@ print("ok")
 @pytest.mark.parametrize("op", ["flatten_with_path",
                                 "flatten_one_level_with_keys"])
 def test_f3_namedtuple_fields_that_do_not_match(fields, op):
-  """F3: with keys, a tuple subclass whose `_fields` is not a tuple of one
-  name per item raised IndexError / TypeError or silently paired the wrong
-  names; stock raises ValueError ("A namedtuple's _fields attribute should
-  have the same size as the tuple."). Fixed in 3742a1f for a wrong length,
-  and in 898e7ff for `_fields = "ab"` (a str of the right length), which
-  stock rejects: it wants a tuple."""
+  """With keys, a tuple subclass whose `_fields` is not a tuple of one name
+  per item (a wrong length, or a str of the right length such as "ab")
+  raises ValueError, as stock does ("A namedtuple's _fields attribute should
+  have the same size as the tuple."), never IndexError/TypeError or names
+  paired with the wrong items (docs/hardening.md, F3)."""
   out = run_snippet(f"""
 from jaxlib_patch import pytree as pt
 class X(tuple):
@@ -228,8 +229,9 @@ except ValueError as e:
 
 
 def test_f3_namedtuple_field_name_that_is_not_a_str():
-  """F3 (fixed in 898e7ff): a field name that is not a str made a
-  GetAttrKey that held an int: `key.name` was 1 (stock: '1') and pickling
+  """A field name that is not a str becomes a GetAttrKey holding its str(),
+  as in stock, and the key pickles (docs/hardening.md, F3). It once held an
+  int: `key.name` was 1 (stock: '1') and pickling
   the key raised RuntimeError: std::bad_cast. `FieldKey` in flatten.cc
   called `nb::str(fields[i])` on a nanobind accessor, whose conversion to
   `nb::str` is an unchecked borrow, not `str()`."""
@@ -254,9 +256,10 @@ else:
 
 
 def test_f3_forged_namedtuple_arity():
-  """F3 (fixed in 3742a1f): __setstate__ accepts a namedtuple node with more
-  children than its type has fields; a sharing mismatch under it then raised
-  IndexError from the path of the message, instead of ValueError."""
+  """A sharing mismatch under a (forged, unpickled) namedtuple node with more
+  children than its type has fields raises ValueError, whose message names
+  the path, never IndexError from building that path (docs/hardening.md,
+  F3)."""
   out = run_snippet("""
 import collections
 from jaxlib_patch import pytree as pt

@@ -1,4 +1,4 @@
-"""Property tests: the SPEC's invariants on random DAGs of opted-in nodes.
+"""Property tests: the invariants of docs/semantics.md on random DAGs of opted-in nodes.
 
 ``jaxlib_patch.pytree`` records, per flatten, which nodes of classes registered
 with ``preserve_relative_identities=True`` are the same object.  The
@@ -20,8 +20,7 @@ in ``docs/semantics.md`` (``Model``), which walks an object graph the way a
 flatten should: pre-order, left to right, dict keys sorted, and an opted-in
 node already met is a reference (its subtree is not walked again).
 
-Invariant (2) of the SPEC (stock compatibility on trees without opted-in
-nodes) is tested in ``test_stock_compat.py``; here the stock module only
+Stock compatibility (on trees without opted-in nodes) is tested in ``test_stock_compat.py``; here the stock module only
 serves as a reference for the *format* of ``repr``.
 """
 

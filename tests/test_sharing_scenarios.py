@@ -1,6 +1,6 @@
 """The seed scenarios of relative identities, each a plain test.
 
-They follow the examples of ``shared/SPEC.md`` and ``docs/semantics.md`` on
+They follow the examples of the README and ``docs/semantics.md`` on
 ``jaxlib_patch.pytree`` directly (no jax): the Parent/Child example, one
 object passed as two arguments, sharing seen through non-opted-in nodes,
 ``is_leaf``, cycles, and sharing mismatches in ``flatten_up_to``.
@@ -104,7 +104,7 @@ REG = make_registry()
 
 
 def test_parent_child_example():
-  """SPEC's example: out.left is out.right, and both are new objects."""
+  """The README's example: out.left is out.right, and both are new objects."""
   child = Child(x=Array(1.0))
   parent = Parent(left=child, right=child)
   leaves, td = REG.flatten(parent)
