@@ -48,9 +48,11 @@ def resolve(requirement, wheels, tmp_path):
   links.mkdir()
   for wheel in wheels:
     shutil.copy(wheel, links / wheel.name)
-  # --isolated: no pip configuration, so no other index or wheel folder.
+  # -I: the stock environment alone, whatever PYTHON* variables this
+  # process has; --isolated: no pip configuration, so no other index or wheel
+  # folder.
   return subprocess.run(
-      [stock_python(), "-m", "pip", "--isolated", "install", "--dry-run",
+      [stock_python(), "-I", "-m", "pip", "--isolated", "install", "--dry-run",
        "--no-index", "--find-links", str(links), requirement],
       capture_output=True, text=True, timeout=300)
 
