@@ -1,24 +1,41 @@
 """Builds the C++ pytree module `jaxlib_patch.pytree` with setuptools.
 
-The same sources build with bazel (see WORKSPACE); both builds pass the same
-tests. Set JAXLIB_PATCH_SANITIZE=1 to build with AddressSanitizer and
+The same sources build with bazel (see WORKSPACE), with the same flags: both
+builds take them from jaxlib_patch/compile_flags.bzl.  Set
+JAXLIB_PATCH_WERROR=1 to make warnings errors (CI does), and
+JAXLIB_PATCH_SANITIZE=1 to build with AddressSanitizer and
 UndefinedBehaviorSanitizer (see docs/hardening.md).
 """
 
+import ast
 import glob
 import os
-
 import sysconfig
 
 import nanobind
 from setuptools import Extension, setup
 
 NANOBIND = os.path.dirname(nanobind.__file__)
+HERE = os.path.dirname(os.path.abspath(__file__))
 
-compile_args = ["-std=c++17", "-fvisibility=hidden", "-DNB_DOMAIN=jaxlib_patch"]
-link_args = []
+
+def compile_flags():
+    """The list assignments of jaxlib_patch/compile_flags.bzl, by name."""
+    path = os.path.join(HERE, "jaxlib_patch", "compile_flags.bzl")
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    return {node.targets[0].id: ast.literal_eval(node.value)
+            for node in tree.body if isinstance(node, ast.Assign)}
+
+
+FLAGS = compile_flags()
+defines = FLAGS["DEFINES"]
 if sysconfig.get_config_var("Py_GIL_DISABLED"):
-    compile_args.append("-DNB_FREE_THREADED")
+    defines = defines + FLAGS["FREE_THREADED_DEFINES"]
+compile_args = FLAGS["COPTS"] + ["-D" + d for d in defines]
+if os.environ.get("JAXLIB_PATCH_WERROR") == "1":
+    compile_args += FLAGS["WERROR_COPTS"]
+link_args = []
 if os.environ.get("JAXLIB_PATCH_SANITIZE"):
     sanitize = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer",
                 "-fno-sanitize-recover=undefined"]
@@ -27,7 +44,7 @@ if os.environ.get("JAXLIB_PATCH_SANITIZE"):
 else:
     # -g0 overrides the -g in Python's own CFLAGS: a 6 MB module shrinks to
     # the size of the bazel build's.
-    compile_args += ["-O2", "-DNDEBUG", "-g0"]
+    compile_args += ["-DNDEBUG", "-g0"]
 
 pytree = Extension(
     "jaxlib_patch.pytree",

@@ -49,10 +49,15 @@ cd "$repo_root"
 # PYTHON_BIN_PATH picks the interpreter in third_party/bazel/python/
 # python_configure.bzl; changing it makes Bazel re-run that discovery.
 bazel_flags=(--repo_env="PYTHON_BIN_PATH=$python")
+# Warnings as errors, like setup.py, when asked (tests/run.sh, so CI).
+build_flags=()
+if [[ ${JAXLIB_PATCH_WERROR:-} == 1 ]]; then
+    build_flags=(--copt=-Werror)
+fi
 
 log "building //jaxlib_patch:pytree for $python (this takes a while the first time)"
 start=$SECONDS
-bazel build "${bazel_flags[@]}" //jaxlib_patch:pytree >&2
+bazel build "${bazel_flags[@]}" "${build_flags[@]}" //jaxlib_patch:pytree >&2
 log "bazel build finished in $((SECONDS - start)) s"
 
 built="$(bazel info "${bazel_flags[@]}" bazel-bin 2>/dev/null)/jaxlib_patch/pytree$ext_suffix"

@@ -2,7 +2,7 @@
 """Build the project's custom ``jax`` and ``jaxlib`` wheels.
 
 Both are made from the *published* wheels of a pinned JAX version plus this
-repository's code (see ``build/README.md`` and SPEC.md, "How it ships"):
+repository's code (see ``build/README.md``):
 
 * ``jaxlib-<V>+<label>-...whl``: the stock jaxlib wheel plus the package
   ``jaxlib_patch/`` (``__init__.py`` and the C++ extension ``pytree``), built
@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -111,25 +112,42 @@ class Target:
         return flags
 
 
+def interpreter_candidates(version: str) -> list:
+    """Executables that may be Python ``version``: this one, PATH's, then pyenv's."""
+    candidates = []
+    if version == "{}.{}".format(*sys.version_info[:2]):
+        candidates.append(sys.executable)
+    on_path = shutil.which(f"python{version}")
+    if on_path:
+        candidates.append(on_path)
+    # pyenv's shims run only the versions selected in the shell; its
+    # versions/ folder has all of them, newest patch release last.
+    pyenv_root = os.environ.get("PYENV_ROOT") or str(Path.home() / ".pyenv")
+    installed = Path(pyenv_root).glob(f"versions/{version}.*/bin/python{version}")
+    candidates += [str(p) for p in sorted(
+        installed, key=lambda p: [int(x) for x in re.findall(r"\d+", p.parts[-3])],
+        reverse=True)]
+    return candidates
+
+
 def find_interpreter(version: str) -> tuple:
     """Return (path, EXT_SUFFIX) of a working ``python<version>``."""
-    if version == "{}.{}".format(*sys.version_info[:2]):
-        exe = sys.executable
-    else:
-        exe = shutil.which(f"python{version}")
-        if exe is None:
-            raise BuildError(f"--python {version}: no python{version} on PATH; building the "
-                             f"C++ module needs that interpreter (with pip and its headers)")
     probe = ("import json, sys, sysconfig; print(json.dumps(["
              "'%d.%d' % sys.version_info[:2], sysconfig.get_config_var('EXT_SUFFIX')]))")
-    proc = subprocess.run([exe, "-c", probe], text=True, capture_output=True)
-    if proc.returncode != 0:
-        raise BuildError(f"{exe} does not run (a pyenv shim for a version that is not "
-                         f"selected?):\n{proc.stderr.strip()}")
-    found, ext_suffix = json.loads(proc.stdout)
-    if found != version:
-        raise BuildError(f"{exe} is Python {found}, not {version}")
-    return Path(exe), ext_suffix
+    tried = []
+    for exe in interpreter_candidates(version):
+        proc = subprocess.run([exe, "-c", probe], text=True, capture_output=True)
+        if proc.returncode != 0:
+            tried.append(f"{exe}: does not run ({proc.stderr.strip()[:200]})")
+            continue
+        found, ext_suffix = json.loads(proc.stdout)
+        if found != version:
+            tried.append(f"{exe}: is Python {found}")
+            continue
+        return Path(exe), ext_suffix
+    raise BuildError(f"--python {version}: no working python{version} on PATH or under "
+                     f"pyenv; building the C++ module needs that interpreter (with its "
+                     f"headers)" + "".join(f"\n  {t}" for t in tried))
 
 
 def machine_platform() -> str:
@@ -167,11 +185,8 @@ def expand_platform(tag: str) -> list:
     return tags
 
 
-def resolve_target(args) -> Target:
-    """Build the Target from the command-line options."""
-    python = args.python or "{}.{}".format(*sys.version_info[:2])
-    if not re.fullmatch(r"3\.\d+", python):
-        raise BuildError(f"--python {python}: expected 3.X")
+def resolve_target(python: str, args) -> Target:
+    """The Target for Python ``python`` ("3.X") and the command-line options."""
     interpreter, ext_suffix = find_interpreter(python)
     machine = machine_platform() if sys.platform == "linux" else None
     platform_tag = args.platform or machine
@@ -355,11 +370,56 @@ def source_files() -> list:
     return [f for f in out.decode().split("\0") if f and (REPO / f).is_file()]
 
 
-def build_module(target: Target, scratch: Path) -> dict:
+def release_toolchain(platform_tag: str, scratch: Path) -> dict:
+    """Environment variables that make setuptools build with zig for ``platform_tag``.
+
+    ``platform_tag`` is a wheel file name's platform part (may be compound).
+
+    The module must run wherever the stock jaxlib wheel installs: zig's clang
+    links against the glibc version the tag names (``-target
+    x86_64-linux-gnu.2.27`` for manylinux_2_27_x86_64) and links its C++
+    runtime (libc++) statically; the version script keeps that runtime's
+    symbols local, so the module exports ``PyInit_pytree`` alone and cannot
+    clash with another extension's C++ runtime.  zig comes from the ``ziglang``
+    package of the Python running this script.
+    """
+    parsed = [parse_manylinux(tag) for tag in platform_tag.split(".")]
+    if any(minor is None for minor, _ in parsed):
+        raise BuildError(f"the stock jaxlib wheel's platform {platform_tag} is not a "
+                         f"manylinux tag; only those are supported")
+    minor, arch = min(parsed)      # a compound tag: its oldest glibc
+    try:
+        import ziglang  # pylint: disable=import-outside-toplevel
+    except ImportError as e:
+        raise BuildError(f"building the module for {platform_tag} needs zig: "
+                         f"{sys.executable} -m pip install -r build/requirements.txt") from e
+    # The zig executable itself: setuptools runs the compiler inside pip's
+    # isolated build environment, where the ziglang package is not importable.
+    zig = Path(ziglang.__file__).with_name("zig")
+    zig_version = run([zig, "version"], "zig version", capture_output=True).stdout.strip()
+    folder = scratch / "toolchain"
+    folder.mkdir()
+    exports = folder / "exports.map"
+    exports.write_text("{ global: PyInit_pytree; local: *; };\n")
+    compiler = folder / "zig-c++"
+    # -Wno-macro-redefined: zig's glibc headers default _POSIX_C_SOURCE and
+    # _XOPEN_SOURCE to newer values than the ones pyconfig.h sets.
+    compiler.write_text(
+        "#!/bin/sh\n"
+        f"exec {shlex.quote(str(zig))} c++ "
+        f"-target {arch}-linux-gnu.2.{minor} -Wno-macro-redefined \"$@\"\n")
+    compiler.chmod(0o755)
+    log(f"toolchain: zig {zig_version} c++ for {arch}-linux-gnu.2.{minor}")
+    return {"CC": str(compiler), "CXX": str(compiler), "LDSHARED": f"{compiler} -shared",
+            "LDFLAGS": f"-Wl,--version-script={exports}"}
+
+
+def build_module(target: Target, scratch: Path, toolchain: dict) -> dict:
     """Build ``jaxlib_patch`` with ``pip wheel .`` from a clean copy of the sources.
 
     A clean copy keeps stale objects of earlier in-tree builds (setuptools
-    does not track headers) out of a release.  Returns {arcname: Path}.
+    does not track headers) out of a release.  ``toolchain`` holds the
+    compiler's environment variables.  Returns {arcname: Path}.
     """
     src = scratch / "src"
     for rel in source_files():
@@ -367,7 +427,7 @@ def build_module(target: Target, scratch: Path) -> dict:
         shutil.copy2(REPO / rel, src / rel)
     out = scratch / "module-wheel"
     run([target.interpreter, "-m", "pip", "wheel", "-q", "--no-deps", "--wheel-dir", out, src],
-        f"building jaxlib_patch with {target.interpreter}")
+        f"building jaxlib_patch with {target.interpreter}", env={**os.environ, **toolchain})
     wheels = list(out.glob("*.whl"))
     if len(wheels) != 1:
         raise BuildError(f"pip wheel produced {len(wheels)} wheels, expected 1")
@@ -380,20 +440,28 @@ def build_module(target: Target, scratch: Path) -> dict:
     for needed in ("jaxlib_patch/__init__.py", extension):
         if needed not in files:
             raise BuildError(f"the built module wheel lacks {needed} (has {sorted(files)})")
-    check_glibc(files[extension], target)
     return files
 
 
-def check_glibc(extension: Path, target: Target) -> None:
-    """Warn when the extension needs a newer glibc than the target's platform tag."""
-    data = extension.read_bytes()
-    glibc = max((int(m) for m in re.findall(rb"GLIBC_2\.(\d+)", data)), default=0)
-    glibcxx = max((int(m) for m in re.findall(rb"GLIBCXX_3\.4\.(\d+)", data)), default=0)
-    log(f"{extension.name} needs GLIBC_2.{glibc}, GLIBCXX_3.4.{glibcxx} (libstdc++)")
-    supported = [m for m, _ in map(parse_manylinux, target.platforms) if m is not None]
-    if supported and glibc > max(supported):
-        log(f"WARNING: {extension.name} needs glibc 2.{glibc}, newer than the target "
-            f"platform {target.platforms[0]}")
+def check_platform_tag(wheel: Path) -> str:
+    """Fail unless ``auditwheel show`` finds ``wheel`` true to its platform tag(s).
+
+    auditwheel reports the oldest manylinux tag whose policy the wheel's
+    binaries meet (versioned symbols, libraries outside the policy); each tag
+    in the file name must be that one or a newer one of the same architecture.
+    """
+    _, _, tags = split_wheel_name(wheel)
+    done = run([sys.executable, "-m", "auditwheel", "show", "--json", wheel],
+               f"auditwheel show {wheel.name} (pip install auditwheel)",
+               capture_output=True)
+    found = json.loads(done.stdout)["overall_tag"]
+    found_minor, found_arch = parse_manylinux(found)
+    for tag in tags.split("-")[2].split("."):
+        minor, arch = parse_manylinux(tag)
+        if minor is None or found_minor is None or arch != found_arch or found_minor > minor:
+            raise BuildError(f"{wheel.name} claims {tag}, but auditwheel show finds it "
+                             f"consistent with {found} only")
+    return found
 
 
 def build_jaxlib(stock: Path, module: dict, version: str, label: str,
@@ -460,13 +528,38 @@ def apply_patches(root: Path, patches: list) -> None:
         log(f"applied {rel}")
 
 
+def pin_jaxlib(metadata: Path, version: str, label: str) -> int:
+    """Make every ``Requires-Dist: jaxlib...`` of jax's METADATA ``jaxlib==<version>+<label>``.
+
+    The patched jax imports ``jaxlib_patch``, which only our jaxlib has: with
+    stock jax's range (``jaxlib<=V,>=V-1``) pip would keep a stock jaxlib and
+    ``import jax`` would fail; with the exact local version pip refuses at
+    install time.  Extras' markers stay.  Returns how many lines changed.
+    """
+    pattern = re.compile(r"Requires-Dist:\s*jaxlib\s*(?:[<>=!~][^;]*)?(;.*)?")
+    lines = metadata.read_text(encoding="utf-8").split("\n")
+    header_end = lines.index("") if "" in lines else len(lines)
+    pinned = 0
+    for i in range(header_end):
+        m = pattern.fullmatch(lines[i].strip())
+        if m:
+            lines[i] = f"Requires-Dist: jaxlib=={version}+{label}" + (m.group(1) or "")
+            pinned += 1
+    if not pinned:
+        raise BuildError(f"{metadata}: no 'Requires-Dist: jaxlib' line to pin")
+    metadata.write_text("\n".join(lines), encoding="utf-8")
+    return pinned
+
+
 def build_jax(stock: Path, version: str, label: str, dist: Path, scratch: Path) -> Path:
-    """Write the patched jax wheel into ``dist``."""
+    """Write the patched jax wheel, which requires exactly our jaxlib, into ``dist``."""
     name, stock_version, tags = split_wheel_name(stock)
     root = scratch / "jax"
     dates = unpack(stock, root)
     apply_patches(root, read_series(version))
     dist_info = relabel(root, name, stock_version, label, dates)
+    pinned = pin_jaxlib(root / dist_info / "METADATA", version, label)
+    log(f"jax requires jaxlib=={version}+{label} ({pinned} Requires-Dist line(s))")
     wheel = dist / f"{name}-{version}+{label}-{tags}.whl"
     pack(root, dist_info, wheel, dates)
     return wheel
@@ -531,9 +624,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "jax_patch/<version>/series")
     parser.add_argument("--label", default=DEFAULT_LABEL,
                         help="local version label (default %(default)s)")
-    parser.add_argument("--python", metavar="3.X",
-                        help="target Python (default: this interpreter's); python3.X must "
-                             "be on PATH to build the C++ module")
+    parser.add_argument("--python", metavar="3.X[,3.Y...]",
+                        help="target Pythons, comma-separated (default: this "
+                             "interpreter's); each needs a working python3.X on PATH or "
+                             "under pyenv to build the C++ module")
+    parser.add_argument("--find-pythons", action="store_true",
+                        help="only print, per --python version, the interpreter found "
+                             "('3.X PATH') or '3.X missing', and exit")
     parser.add_argument("--platform", metavar="TAG",
                         help="target manylinux tag (default: this machine's; the jaxlib "
                              "wheel keeps the published wheel's tag)")
@@ -549,28 +646,32 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not LABEL_RE.fullmatch(args.label):
         parser.error(f"--label {args.label!r}: use lower-case letters and digits, "
                      "optionally dot-separated (a normalized PEP 440 local label)")
+    args.python = (args.python or "{}.{}".format(*sys.version_info[:2])).split(",")
+    for python in args.python:
+        if not re.fullmatch(r"3\.\d+", python):
+            parser.error(f"--python {python}: expected 3.X")
+    if len(set(args.python)) != len(args.python):
+        parser.error(f"--python {','.join(args.python)}: a version is named twice")
     return args
 
 
-def build(args) -> None:
-    """Do the whole build; raise BuildError on failure."""
-    started = time.monotonic()
-    timings = {}
+def find_pythons(versions: list) -> None:
+    """Print each version's interpreter, or that it is missing (for tests/run.sh)."""
+    for version in versions:
+        try:
+            print(f"{version} {find_interpreter(version)[0]}")
+        except BuildError:
+            print(f"{version} missing")
 
-    def step(name: str, t0: float) -> None:
-        timings[name] = time.monotonic() - t0
 
-    patches = read_series(args.version)          # fail early on an unknown version
-    target = resolve_target(args)
-    log(f"target: Python {target.python} ({target.interpreter}), platform "
-        f"{target.platforms[0]}, jax/jaxlib {args.version}+{args.label}, "
-        f"{len(patches)} jax patch(es)")
-    dist = args.dist.resolve()
-    dist.mkdir(parents=True, exist_ok=True)
-    WORK.mkdir(parents=True, exist_ok=True)
+def build_for_python(target: Target, args, stock_jax: Path, jax_wheel: Path,
+                     dist: Path, timings: dict) -> tuple:
+    """The jaxlib wheel (and the extras) for one Python, checked; returns
+    (wheels written, pip's resolution, self-check result)."""
+    def timed(name: str, t0: float) -> None:
+        timings[f"{name} {target.python}"] = time.monotonic() - t0
 
     t0 = time.monotonic()
-    stock_jax = download(f"jax=={args.version}", target)
     stock_jaxlib = download(f"jaxlib=={args.version}", target)
     extras = []
     if args.cuda:
@@ -579,33 +680,32 @@ def build(args) -> None:
     if args.tpu:
         extras.append(libtpu_requirement(stock_jax))
     stock_extras = [download(req, target) for req in extras]
-    step("downloads", t0)
+    timed("downloads", t0)
 
-    written = []
     with tempfile.TemporaryDirectory(dir=WORK, prefix="scratch-") as tmp:
         scratch = Path(tmp)
         t0 = time.monotonic()
-        module = build_module(target, scratch)
-        step("C++ module", t0)
+        toolchain = release_toolchain(split_wheel_name(stock_jaxlib)[2].split("-")[2],
+                                      scratch)
+        module = build_module(target, scratch, toolchain)
+        timed("C++ module", t0)
         t0 = time.monotonic()
-        written.append(build_jaxlib(stock_jaxlib, module, args.version, args.label,
-                                    dist, scratch))
-        written.append(build_jax(stock_jax, args.version, args.label, dist, scratch))
-        step("repack", t0)
+        jaxlib_wheel = build_jaxlib(stock_jaxlib, module, args.version, args.label,
+                                    dist, scratch)
+    log(f"RECORD verified: {jaxlib_wheel.name} ({verify_wheel(jaxlib_wheel)} files)")
+    log(f"auditwheel: {jaxlib_wheel.name} is consistent with "
+        f"{check_platform_tag(jaxlib_wheel)}")
+    timed("repack and audit", t0)
+    written = [jaxlib_wheel]
     for wheel in stock_extras:
         shutil.copy2(wheel, dist / wheel.name)
         written.append(dist / wheel.name)
 
     t0 = time.monotonic()
-    for wheel in written[:2]:
-        log(f"RECORD verified: {wheel.name} ({verify_wheel(wheel)} files)")
-    step("verify", t0)
-
-    t0 = time.monotonic()
     full = f"{args.version}+{args.label}"
     resolved = check_resolver(target, dist, {"jax": full, "jaxlib": full},
                               ["{}=={}".format(*split_wheel_name(w)[:2]) for w in stock_extras])
-    step("resolver", t0)
+    timed("resolver", t0)
 
     if args.no_selfcheck:
         selfcheck = "skipped (--no-selfcheck)"
@@ -615,17 +715,45 @@ def build(args) -> None:
     else:
         t0 = time.monotonic()
         run_selfcheck(target, dist, args.version, args.label)
-        step("self-check", t0)
+        timed("self-check", t0)
         selfcheck = "passed"
+    return written, resolved, selfcheck
+
+
+def build(args) -> None:
+    """Do the whole build; raise BuildError on failure."""
+    started = time.monotonic()
+    timings = {}
+    patches = read_series(args.version)          # fail early on an unknown version
+    targets = [resolve_target(python, args) for python in args.python]
+    for target in targets:
+        log(f"target: Python {target.python} ({target.interpreter}), platform "
+            f"{target.platforms[0]}, jax/jaxlib {args.version}+{args.label}, "
+            f"{len(patches)} jax patch(es)")
+    dist = args.dist.resolve()
+    dist.mkdir(parents=True, exist_ok=True)
+    WORK.mkdir(parents=True, exist_ok=True)
+
+    # jax is pure Python: one wheel serves every target.
+    t0 = time.monotonic()
+    stock_jax = download(f"jax=={args.version}", targets[0])
+    with tempfile.TemporaryDirectory(dir=WORK, prefix="scratch-") as tmp:
+        jax_wheel = build_jax(stock_jax, args.version, args.label, dist, Path(tmp))
+    log(f"RECORD verified: {jax_wheel.name} ({verify_wheel(jax_wheel)} files)")
+    timings["jax wheel"] = time.monotonic() - t0
+
+    results = [(target, *build_for_python(target, args, stock_jax, jax_wheel, dist, timings))
+               for target in targets]
 
     print("\n=== summary ===")
     print(f"written to {dist}:")
-    for wheel in written:
+    for wheel in [jax_wheel] + [w for _, written, _, _ in results for w in written]:
         print(f"  {wheel.name:<70} {wheel.stat().st_size / 2**20:8.1f} MiB")
-    print("pip's resolver (--dry-run) would install:")
-    for name, version, source, filename in resolved:
-        print(f"  {name:<20} {version:<14} {source:<6} {filename}")
-    print(f"self-check: {selfcheck}")
+    for target, _, resolved, selfcheck in results:
+        print(f"Python {target.python}: pip's resolver (--dry-run) would install:")
+        for name, version, source, filename in resolved:
+            print(f"  {name:<20} {version:<14} {source:<6} {filename}")
+        print(f"Python {target.python}: self-check: {selfcheck}")
     print("time: " + ", ".join(f"{k} {v:.0f}s" for k, v in timings.items())
           + f"; total {time.monotonic() - started:.0f}s")
 
@@ -634,7 +762,10 @@ def main(argv=None) -> int:
     """Entry point: returns the exit status."""
     args = parse_args(argv)
     try:
-        build(args)
+        if args.find_pythons:
+            find_pythons(args.python)
+        else:
+            build(args)
     except BuildError as e:
         print(f"build.py: error: {e}", file=sys.stderr)
         return 1

@@ -5,11 +5,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
-"$python" build/build.py --no-selfcheck "$@"
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-# The wheels just built: the newest jax and jaxlib with a local version label.
+.venv/bin/python -m pip install -q -r build/requirements.txt   # zig, auditwheel
+.venv/bin/python build/build.py --no-selfcheck "$@"
+# The wheels just built: the newest jax and jaxlib (for this Python) with a
+# local version label.
+tag=$(.venv/bin/python -c 'import sys; print("cp%d%d" % sys.version_info[:2])')
 jax_wheel=$(ls -t dist/jax-*+*-py3-none-any.whl | head -n 1)
-jaxlib_wheel=$(ls -t dist/jaxlib-*+*.whl | head -n 1)
+jaxlib_wheel=$(ls -t dist/jaxlib-*+*-"$tag"-*.whl | head -n 1)
 .venv/bin/python -m pip install -q --force-reinstall "$jax_wheel" "$jaxlib_wheel"
 .venv/bin/python -I examples/demo.py

@@ -34,7 +34,7 @@ void BindCommon(Class& cls, const char* field, Value Key::*member) {
   cls.def("__getstate__",
           [member](const Key& self) { return nb::make_tuple(self.*member); })
       .def("__setstate__",
-           [member](Key& self, nb::tuple state) {
+           [](Key& self, nb::tuple state) {
              if (state.size() != 1) {
                throw nb::value_error("Expected a 1-tuple as key state.");
              }

@@ -1,44 +1,92 @@
 #!/usr/bin/env bash
-# Runs the whole test suite, from a bare machine (Python 3.11, pip, gcc) up:
-#   1. a virtual environment with what the tests need (stock jaxlib 0.10.2 for
-#      the differential tests, hypothesis, pytest, optree);
-#   2. the module built with setuptools (`pip install .`), then the tests;
-#   3. the module built with bazel (Debian's bazel-bootstrap), then the same
-#      tests against that build;
-#   4. the module built with AddressSanitizer and UndefinedBehaviorSanitizer
-#      (tests/sanitize.sh), then the module's tests under them;
-#   5. the custom jaxlib and jax wheels (build/build.py) installed in a second
-#      virtual environment, then the JAX-level tests (tests/jax) and the demo
-#      against them.
+# Runs the whole test suite, from a bare machine (Python 3.11, pip, gcc) up,
+# on every CPython that stock jaxlib ships wheels for and this machine has
+# (3.11, 3.12, 3.13: on PATH or under pyenv; it says which it skipped):
+#   1. per Python, a virtual environment with what the tests need (stock
+#      jaxlib 0.10.2 for the differential tests, hypothesis, pytest, optree);
+#   2. per Python, the module built with setuptools (`pip install .`, warnings
+#      as errors), then the module's tests (the fuzz campaign and the
+#      hypothesis search of test_sharing_invariants.py on the first only);
+#   3. on the first Python only (the heavy jobs): the module built with bazel
+#      (Debian's bazel-bootstrap, warnings as errors) and the same tests
+#      against that build, then the module built with AddressSanitizer and
+#      UndefinedBehaviorSanitizer (tests/sanitize.sh) and its tests under them;
+#   4. the custom jaxlib wheel for each Python and the jax wheel, from one
+#      build/build.py run (which fails unless `auditwheel show` accepts each
+#      jaxlib wheel's manylinux tag);
+#   5. per Python, the wheels installed in a second virtual environment, then
+#      the JAX-level tests (tests/jax) and the demo against them.
+# The first Python's venvs are $JAXLIB_PATCH_VENV and $JAXLIB_PATCH_JAX_VENV
+# if set (default .venv-test, .venv-jax); the others' get a -3.X suffix.
 # Usage: bash tests/run.sh [pytest args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
-venv=${JAXLIB_PATCH_VENV:-$root/.venv-test}
 python=${PYTHON:-python3}
+pythons=(3.11 3.12 3.13)
 
 step() { printf '\n=== %s\n' "$*"; }
 
-step "virtual environment in $venv"
-[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
-"$venv/bin/python" -m pip install -q --upgrade pip
-"$venv/bin/python" -m pip install -q -r tests/requirements.txt
+# Warnings fail the setuptools builds (setup.py) and the bazel build (below).
+export JAXLIB_PATCH_WERROR=1
 
-step "setuptools build (pip install .)"
-"$venv/bin/python" -m pip install -q --force-reinstall --no-deps .
+step "Pythons"
+found=()
+declare -A interpreter
+while read -r version path; do
+  if [ "$path" = missing ]; then
+    echo "skipped: Python $version (not on PATH, not under pyenv)"
+  else
+    echo "Python $version: $path"
+    found+=("$version")
+    interpreter[$version]=$path
+  fi
+done < <("$python" build/build.py --find-pythons --python "$(IFS=,; echo "${pythons[*]}")")
+[ ${#found[@]} -gt 0 ] || { echo "no Python of ${pythons[*]} found" >&2; exit 1; }
+first=${found[0]}
+
+venv_of() {  # venv_of VERSION DEFAULT_VAR_VALUE: the venv folder of Python VERSION
+  if [ "$1" = "$first" ]; then echo "$2"; else echo "$2-$1"; fi
+}
+
+make_venv() {  # make_venv VERSION FOLDER REQUIREMENTS
+  [ -x "$2/bin/python" ] || "${interpreter[$1]}" -m venv "$2"
+  "$2/bin/python" -m pip install -q --upgrade pip
+  "$2/bin/python" -m pip install -q -r "$3"
+}
 
 # Run from outside the checkout, so that the source folder jaxlib_patch/ (which
 # holds no built module) cannot shadow the build under test.
 run_suite() {
-  local label=$1; shift
-  step "tests against the $label build"
+  local label=$1 venv=$2; shift 2
+  step "module tests against the $label build"
   (cd "$root/tests" && "$venv/bin/python" -P -m pytest -p no:cacheprovider \
       --rootdir="$root" -c "$root/pyproject.toml" "$root/tests" \
       --ignore="$root/tests/jax" "$@")
 }
-JAXLIB_PATCH_EXPECT=site-packages run_suite setuptools "$@"
 
-step "bazel build"
+module_venv=${JAXLIB_PATCH_VENV:-$root/.venv-test}
+for version in "${found[@]}"; do
+  venv=$(venv_of "$version" "$module_venv")
+  step "Python $version: virtual environment in $venv"
+  make_venv "$version" "$venv" tests/requirements.txt
+  step "Python $version: setuptools build (pip install .)"
+  "$venv/bin/python" -m pip install -q --force-reinstall --no-deps .
+  heavy=()
+  if [ "$version" != "$first" ]; then
+    # The two longest jobs, the fuzz campaign and the hypothesis search for
+    # broken sharing invariants (together half the suite's time), run on the
+    # first Python only; the differential tests against stock run on all.
+    heavy=(--ignore="$root/tests/test_fuzz_short.py"
+           --ignore="$root/tests/test_sharing_invariants.py")
+    echo "Python $version: test_fuzz_short.py and test_sharing_invariants.py run on Python $first only"
+  fi
+  JAXLIB_PATCH_EXPECT=site-packages \
+    run_suite "setuptools (Python $version)" "$venv" "${heavy[@]}" "$@"
+done
+
+first_venv=$(venv_of "$first" "$module_venv")
+step "bazel build (Python $first)"
 if ! command -v bazel >/dev/null; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq && apt-get install -y -qq bazel-bootstrap >/dev/null
@@ -47,24 +95,37 @@ if ! command -v bazel >/dev/null; then
   fi
 fi
 bazel_out=$root/build/bazel_out
-PYTHON="$venv/bin/python" build/bazel_module.sh "$bazel_out" >/dev/null
-PYTHONPATH="$bazel_out" JAXLIB_PATCH_EXPECT="$bazel_out" run_suite bazel "$@"
+PYTHON="$first_venv/bin/python" build/bazel_module.sh "$bazel_out" >/dev/null
+PYTHONPATH="$bazel_out" JAXLIB_PATCH_EXPECT="$bazel_out" \
+  run_suite "bazel (Python $first)" "$first_venv" "$@"
 
-step "sanitizer build (ASan + UBSan)"
-PYTHON="$venv/bin/python" bash tests/sanitize.sh "$@"
+step "sanitizer build (ASan + UBSan, Python $first)"
+PYTHON="$first_venv/bin/python" bash tests/sanitize.sh "$@"
 
-step "custom wheels (build/build.py) and the JAX-level tests against them"
-jax_venv=${JAXLIB_PATCH_JAX_VENV:-$root/.venv-jax}
-"$venv/bin/python" build/build.py --no-selfcheck
-[ -x "$jax_venv/bin/python" ] || "$python" -m venv "$jax_venv"
-"$jax_venv/bin/python" -m pip install -q --upgrade pip
-"$jax_venv/bin/python" -m pip install -q --force-reinstall \
-  "$(ls -t dist/jax-*+*-py3-none-any.whl | head -n 1)" \
-  "$(ls -t dist/jaxlib-*+*.whl | head -n 1)"
-"$jax_venv/bin/python" -m pip install -q -r tests/jax/requirements.txt
-# Stock jax's reference numbers for the peer-library test come from the
-# module tests' venv, which holds stock jax and jaxlib.
-(cd "$root/tests" && JAXLIB_PATCH_STOCK_PYTHON="$venv/bin/python" \
-    "$jax_venv/bin/python" -P -m pytest -p no:cacheprovider \
-    --rootdir="$root" -c "$root/pyproject.toml" "$root/tests/jax" "$@")
-"$jax_venv/bin/python" -I examples/demo.py
+step "custom wheels for Python ${found[*]} (build/build.py)"
+# zig and auditwheel build and check the release module (build/README.md).
+"$first_venv/bin/python" -m pip install -q -r build/requirements.txt
+dist=$root/dist
+"$first_venv/bin/python" build/build.py --no-selfcheck --dist "$dist" \
+  --python "$(IFS=,; echo "${found[*]}")"
+
+jax_venv_default=${JAXLIB_PATCH_JAX_VENV:-$root/.venv-jax}
+for version in "${found[@]}"; do
+  jax_venv=$(venv_of "$version" "$jax_venv_default")
+  tag=cp${version/./}
+  step "Python $version: the custom wheels in $jax_venv, then the JAX-level tests"
+  [ -x "$jax_venv/bin/python" ] || "${interpreter[$version]}" -m venv "$jax_venv"
+  "$jax_venv/bin/python" -m pip install -q --upgrade pip
+  "$jax_venv/bin/python" -m pip install -q --force-reinstall \
+    "$(ls -t "$dist"/jax-*+*-py3-none-any.whl | head -n 1)" \
+    "$(ls -t "$dist"/jaxlib-*+*-"$tag"-*.whl | head -n 1)"
+  "$jax_venv/bin/python" -m pip install -q -r tests/jax/requirements.txt
+  # Stock jax's reference numbers (peer libraries) and the install-time pin
+  # checks use the module tests' venv of the same Python, which holds stock
+  # jax and jaxlib.
+  (cd "$root/tests" && JAXLIB_PATCH_DIST="$dist" \
+      JAXLIB_PATCH_STOCK_PYTHON="$(venv_of "$version" "$module_venv")/bin/python" \
+      "$jax_venv/bin/python" -P -m pytest -p no:cacheprovider \
+      --rootdir="$root" -c "$root/pyproject.toml" "$root/tests/jax" "$@")
+  "$jax_venv/bin/python" -I examples/demo.py
+done
