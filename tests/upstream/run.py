@@ -139,13 +139,14 @@ def prepare_venvs(args) -> dict[str, Path]:
     print(f"creating the {side} virtual environment {venv_dir}", flush=True)
     venv.create(venv_dir, with_pip=True)
     pip_install(venv_dir, "-r", str(requirements))
-    if side == "stock":
-      pip_install(venv_dir, f"jax=={JAX_VERSION}", f"jaxlib=={JAX_VERSION}")
+    # Both sides get stock 0.10.2 and its dependencies: the same versions.
+    pip_install(venv_dir, f"jax=={JAX_VERSION}", f"jaxlib=={JAX_VERSION}")
   jax_wheel = newest_wheel(args.dist, "jax-*+*-py3-none-any.whl")
   jaxlib_wheel = newest_wheel(args.dist, "jaxlib-*+*.whl")
   print(f"custom wheels: {jax_wheel.name}, {jaxlib_wheel.name}", flush=True)
-  pip_install(venvs["ours"], "--force-reinstall", str(jax_wheel),
-              str(jaxlib_wheel))
+  # They replace stock jax and jaxlib; every dependency stays as on stock.
+  pip_install(venvs["ours"], "--force-reinstall", "--no-deps",
+              str(jax_wheel), str(jaxlib_wheel))
   return venvs
 
 
