@@ -86,7 +86,13 @@ class SideResult:
 
 
 def first_line(text: str) -> str:
+  """The first line of an error; with the next one when it ends in ':'.
+
+  An assertEqual failure's first line is a bare "AssertionError:".
+  """
   lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+  if len(lines) > 1 and lines[0].endswith(":"):
+    return f"{lines[0]} {lines[1]}"
   return lines[0] if lines else ""
 
 
