@@ -9,7 +9,7 @@ size is measured here:
   references to one shared node against 10,000;
 - broadcast_flattened_prefix (prefix specs: in_axes, shardings, donation)
   over a chain of doubly shared levels (each level holds the level below
-  twice: 2**depth occurrences of the bottom), 1,000 levels against 100,
+  twice: 2**depth occurrences of the bottom), 10,000 levels against 1,000,
   with a prefix leaf at the root and with a prefix of the same sharing (what
   `jax.tree.map(lambda _: 0, tree)` makes); depth 40 is printed too, in
   milliseconds.
@@ -91,7 +91,8 @@ def prefix_timings(registry, depth):
   same_sharing = registry.flatten(full.unflatten([0] * full.num_leaves))
   return {
       name: best_per_call(
-          lambda: full.broadcast_flattened_prefix(prefix, leaves), 20)
+          lambda: full.broadcast_flattened_prefix(prefix, leaves), 20,
+          rounds=9)
       for name, (leaves, prefix) in (("a prefix leaf", leaf_prefix),
                                      ("the same sharing", same_sharing))
   }
@@ -105,7 +106,7 @@ def report(name, small, large):
 
 
 def main():
-  sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))
+  sys.setrecursionlimit(max(sys.getrecursionlimit(), 50_000))
   registry = pt.PyTreeRegistry()
   registry.register_node(Shared, lambda s: (s.children, s.aux),
                          lambda aux, ch: Shared(aux, *ch),
@@ -120,10 +121,10 @@ def main():
     report(f"{op}, 10,000 -> 100,000 refs", small[op], large[op])
   for name, seconds in prefix_timings(registry, 40).items():
     print(f"      prefix broadcast, {name}, depth 40: {seconds * 1e3:.3f} ms")
-  small = prefix_timings(registry, 100)
-  large = prefix_timings(registry, 1_000)
+  small = prefix_timings(registry, 1_000)
+  large = prefix_timings(registry, 10_000)
   for name in small:
-    report(f"prefix, {name}, 100 -> 1,000 deep", small[name], large[name])
+    report(f"prefix, {name}, 1,000 -> 10,000 deep", small[name], large[name])
 
 
 if __name__ == "__main__":
