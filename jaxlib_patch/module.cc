@@ -76,6 +76,7 @@ void PyTreeDef::Clear() {
   // Only ever called on garbage: leave an empty treedef behind that every
   // method rejects instead of touching freed objects.
   traversal_.clear();
+  provenance_.clear();
   registry_ = nullptr;
   registry_ref_.reset();
 }
