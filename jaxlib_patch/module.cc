@@ -103,6 +103,7 @@ NB_MODULE(pytree, m) {
   m.attr("_KeyPath") = nb::type_var("_KeyPath");
 
   BindKeys(m);
+  BindJitFunction(m);
 
   nb::class_<SharedReference>(
       m, "SharedReference",

@@ -268,6 +268,10 @@ nb::object FlattenOneLevelWithKeys(const PyTreeRegistry& registry,
                                    nb::handle tree);
 bool AllLeaves(const PyTreeRegistry& registry, nb::iterable objects);
 
+// Adds jax.jit's front door (jit_function.cc) to the module: the types
+// PjitFunction and DispatchArgs, and make_jit_function.
+void BindJitFunction(nb::module_& m);
+
 // Builds the Python object for `node` from its already-built children.
 nb::object MakeNode(const Node& node, nb::object* children);
 
