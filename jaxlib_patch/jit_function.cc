@@ -230,47 +230,58 @@ nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
     }
   }
 
-  // The dispatch's arguments: the DispatchArgs, then the static ones.
-  std::vector<PyObject*> dispatch_args(1);
+  // The dispatch's arguments: the DispatchArgs, then the static positional
+  // ones, then the static keyword ones' values. Small calls need no heap.
+  constexpr Py_ssize_t kOnStack = 16;
+  PyObject* stack_buffer[kOnStack];
+  std::vector<PyObject*> heap_buffer;
+  PyObject** dispatch_args = stack_buffer;
+  if (1 + nargs + nkwargs > kOnStack) {
+    heap_buffer.resize(1 + nargs + nkwargs);
+    dispatch_args = heap_buffer.data();
+  }
+  Py_ssize_t num_dispatch_args = 1;
+
   nb::object dynamic_args = call_args;
-  nb::object dynamic_kwargs = call_kwargs;
-  nb::object static_kwnames;
   if (!self->static_argnums.empty() && nargs > 0) {
-    std::vector<PyObject*> dynamic;
     for (Py_ssize_t i = 0; i < nargs; ++i) {
       if (IsStaticPosition(self, i, nargs)) {
-        dispatch_args.push_back(args[i]);
-      } else {
-        dynamic.push_back(args[i]);
+        dispatch_args[num_dispatch_args++] = args[i];
       }
     }
-    if (dispatch_args.size() > 1) {
-      dynamic_args = nb::steal(PyTuple_New(dynamic.size()));
+    if (num_dispatch_args > 1) {
+      dynamic_args = nb::steal(PyTuple_New(nargs - (num_dispatch_args - 1)));
       if (!dynamic_args.is_valid()) throw nb::python_error();
-      for (size_t i = 0; i < dynamic.size(); ++i) {
-        PyTuple_SET_ITEM(dynamic_args.ptr(), i, Py_NewRef(dynamic[i]));
+      Py_ssize_t next = 0;
+      for (Py_ssize_t i = 0; i < nargs; ++i) {
+        if (!IsStaticPosition(self, i, nargs)) {
+          PyTuple_SET_ITEM(dynamic_args.ptr(), next++, Py_NewRef(args[i]));
+        }
       }
     }
   }
+  nb::object dynamic_kwargs = call_kwargs;
+  nb::object static_kwnames;
   if (nkwargs > 0 && PyTuple_GET_SIZE(self->static_argnames.ptr()) > 0) {
-    std::vector<PyObject*> static_names;
-    nb::dict dynamic;
+    Py_ssize_t num_static_kwargs = 0;
     for (Py_ssize_t k = 0; k < nkwargs; ++k) {
-      PyObject* name = PyTuple_GET_ITEM(kwnames, k);
-      if (IsStaticName(self, name)) {
-        static_names.push_back(name);
-        dispatch_args.push_back(args[nargs + k]);
-      } else if (PyDict_SetItem(dynamic.ptr(), name, args[nargs + k]) < 0) {
-        throw nb::python_error();
-      }
+      num_static_kwargs += IsStaticName(self, PyTuple_GET_ITEM(kwnames, k));
     }
-    if (!static_names.empty()) {
-      dynamic_kwargs = dynamic;
-      static_kwnames = nb::steal(PyTuple_New(static_names.size()));
+    if (num_static_kwargs > 0) {
+      nb::dict dynamic;
+      static_kwnames = nb::steal(PyTuple_New(num_static_kwargs));
       if (!static_kwnames.is_valid()) throw nb::python_error();
-      for (size_t k = 0; k < static_names.size(); ++k) {
-        PyTuple_SET_ITEM(static_kwnames.ptr(), k, Py_NewRef(static_names[k]));
+      Py_ssize_t next = 0;
+      for (Py_ssize_t k = 0; k < nkwargs; ++k) {
+        PyObject* name = PyTuple_GET_ITEM(kwnames, k);
+        if (IsStaticName(self, name)) {
+          PyTuple_SET_ITEM(static_kwnames.ptr(), next++, Py_NewRef(name));
+          dispatch_args[num_dispatch_args++] = args[nargs + k];
+        } else if (PyDict_SetItem(dynamic.ptr(), name, args[nargs + k]) < 0) {
+          throw nb::python_error();
+        }
       }
+      dynamic_kwargs = std::move(dynamic);
     }
   }
 
@@ -280,11 +291,11 @@ nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
   nb::object dispatch_arg = MakeDispatchArgs(
       std::move(leaves), std::move(treedef), call_args, call_kwargs);
   dispatch_args[0] = dispatch_arg.ptr();
-  const size_t num_static_kwargs =
+  const Py_ssize_t num_static_kwargs =
       static_kwnames.is_valid() ? PyTuple_GET_SIZE(static_kwnames.ptr()) : 0;
   PyObject* result = PyObject_Vectorcall(
-      self->dispatch.ptr(), dispatch_args.data(),
-      dispatch_args.size() - num_static_kwargs,
+      self->dispatch.ptr(), dispatch_args,
+      num_dispatch_args - num_static_kwargs,
       static_kwnames.is_valid() ? static_kwnames.ptr() : nullptr);
   if (result == nullptr) throw nb::python_error();
   return nb::steal(result);
