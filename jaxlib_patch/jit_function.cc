@@ -26,34 +26,6 @@ namespace jaxlib_patch {
 
 namespace {
 
-// Sets the Python error for a C++ exception thrown below a C API entry point,
-// as nanobind does for bound functions.
-void SetErrorFromException() {
-  try {
-    throw;
-  } catch (nb::python_error& error) {
-    error.restore();
-  } catch (const nb::builtin_exception& error) {
-    PyObject* type = PyExc_RuntimeError;
-    switch (error.type()) {
-      case nb::exception_type::stop_iteration: type = PyExc_StopIteration; break;
-      case nb::exception_type::index_error: type = PyExc_IndexError; break;
-      case nb::exception_type::key_error: type = PyExc_KeyError; break;
-      case nb::exception_type::value_error: type = PyExc_ValueError; break;
-      case nb::exception_type::type_error: type = PyExc_TypeError; break;
-      case nb::exception_type::buffer_error: type = PyExc_BufferError; break;
-      case nb::exception_type::import_error: type = PyExc_ImportError; break;
-      case nb::exception_type::attribute_error: type = PyExc_AttributeError; break;
-      default: break;
-    }
-    PyErr_SetString(type, error.what());
-  } catch (const std::bad_alloc&) {
-    PyErr_NoMemory();
-  } catch (const std::exception& error) {
-    PyErr_SetString(PyExc_RuntimeError, error.what());
-  }
-}
-
 // ---------------------------------------------------------------------------
 // DispatchArgs: the dynamic arguments of one call, flattened once. The stock
 // dispatch registry knows it as a dataclass node whose child is `leaves` and
@@ -128,7 +100,7 @@ PyObject* DispatchArgsNew(PyTypeObject*, PyObject* args, PyObject* kwargs) {
         .release()
         .ptr();
   } catch (...) {
-    SetErrorFromException();
+    SetPythonErrorFromException();
     return nullptr;
   }
 }
@@ -309,7 +281,7 @@ PyObject* JitFunctionVectorcall(PyObject* callable, PyObject* const* args,
         .release()
         .ptr();
   } catch (...) {
-    SetErrorFromException();
+    SetPythonErrorFromException();
     return nullptr;
   }
 }
@@ -385,7 +357,7 @@ PyObject* Guarded(F&& f) {
   try {
     return f().release().ptr();
   } catch (...) {
-    SetErrorFromException();
+    SetPythonErrorFromException();
     return nullptr;
   }
 }
@@ -463,7 +435,8 @@ PyType_Slot jit_function_slots[] = {
 // the same; the module tells them apart.
 PyType_Spec jit_function_spec = {
     "jaxlib_patch.pytree.PjitFunction", sizeof(JitFunctionObject), 0,
-    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+        Py_TPFLAGS_DISALLOW_INSTANTIATION,  // make_jit_function builds them
     jit_function_slots};
 
 nb::object MakeJitFunction(nb::callable fun, nb::callable dispatch,

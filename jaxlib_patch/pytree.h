@@ -248,6 +248,10 @@ std::string Str(nb::handle obj);
 std::string Repr(nb::handle obj);
 nb::str FromUtf8(const std::string& text);
 
+// Sets the Python error for a C++ exception caught (`catch (...)`) at a C API
+// entry point, as nanobind does for bound functions.
+void SetPythonErrorFromException();
+
 // The `__name__` of a type, used by repr and errors.
 std::string TypeName(nb::handle type);
 
