@@ -95,6 +95,7 @@ void PyTreeDef::Clear() {
   // Only ever called on garbage: leave an empty treedef behind that every
   // method rejects instead of touching freed objects.
   traversal_.clear();
+  provenance_.clear();
   registry_ = nullptr;
   registry_ref_.reset();
 }
@@ -122,6 +123,7 @@ NB_MODULE(pytree, m) {
 
   BindKeys(m);
   BindSharedPrefixError(m);
+  BindJitFunction(m);
 
   nb::class_<SharedReference>(
       m, "SharedReference",

@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -152,7 +153,26 @@ struct SharedReference {
 class PyTreeDef {
  public:
   PyTreeDef(PyTreeRegistry* registry, nb::object registry_ref)
-      : registry_(registry), registry_ref_(std::move(registry_ref)) {}
+      : registry_(registry),
+        registry_ref_(std::move(registry_ref)),
+        origin_(NewOrigin()) {}
+
+  // Which node of which treedef a node stands for: `origin` names the treedef
+  // (unique per treedef built), `index` the position there of the node
+  // itself or, for a reference, of its target.
+  struct NodeKey {
+    uint64_t origin;
+    Py_ssize_t index;
+    bool operator==(const NodeKey& other) const {
+      return origin == other.origin && index == other.index;
+    }
+  };
+  struct NodeKeyHash {
+    size_t operator()(const NodeKey& key) const {
+      return std::hash<uint64_t>()(key.origin) * 31 +
+             std::hash<Py_ssize_t>()(key.index);
+    }
+  };
 
   // --- flatten.cc
   // PyTreeRegistry.flatten (leaves) and, with kWithPath, flatten_with_path
@@ -244,10 +264,27 @@ class PyTreeDef {
  private:
   // The traversal from the entries of a pickled state, on registry_.
   void SetNodes(nb::handle nodes);
+  static uint64_t NewOrigin();
+  // Appends the root of a concatenation, with its key if keys are kept.
+  void AppendRoot(Node root);
+  NodeKey KeyOf(size_t index) const;
+  // from_node_data_and_children and treedef_tuple: the children's traversals
+  // one after the other, references re-aimed by their keys (see provenance_).
+  static PyTreeDef Concatenate(PyTreeRegistry* registry,
+                               nb::object registry_ref,
+                               const std::vector<const PyTreeDef*>& children);
 
   PyTreeRegistry* registry_;
   nb::object registry_ref_;
   std::vector<Node> traversal_;
+  uint64_t origin_;
+  // Empty, or one key per node of the traversal: set on the treedefs that
+  // `children()` cuts out of a treedef with references, and on those
+  // assembled from such children. It lets the assembly re-aim a reference at
+  // its target when the target's position changes, as when a sibling between
+  // them is left out; positions alone would land on the wrong node. Empty
+  // means node i stands for itself (key {origin_, i}).
+  std::vector<NodeKey> provenance_;
 };
 
 // Whether `obj` is a stock jaxlib._jax.pytree.PyTreeDef: jit's dispatch
@@ -266,6 +303,10 @@ const PyTreeDef& CastTreeDef(nb::handle obj);
 std::string Str(nb::handle obj);
 std::string Repr(nb::handle obj);
 nb::str FromUtf8(const std::string& text);
+
+// Sets the Python error for a C++ exception caught (`catch (...)`) at a C API
+// entry point, as nanobind does for bound functions.
+void SetPythonErrorFromException();
 
 // The `__name__` of a type, used by repr and errors.
 std::string TypeName(nb::handle type);
@@ -307,6 +348,9 @@ bool AllLeaves(const PyTreeRegistry& registry, nb::iterable objects);
 
 // Adds the SharedPrefixError exception type to the module.
 void BindSharedPrefixError(nb::module_& m);
+// Adds jax.jit's front door (jit_function.cc) to the module: the types
+// PjitFunction and DispatchArgs, and make_jit_function.
+void BindJitFunction(nb::module_& m);
 
 // Builds the Python object for `node` from its already-built children.
 nb::object MakeNode(const Node& node, nb::object* children);

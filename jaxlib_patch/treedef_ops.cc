@@ -1,7 +1,11 @@
 // Operations on treedefs themselves: counts, equality, hash, repr, children,
 // node_data, compose, from_node_data_and_children, treedef_tuple, validation.
 
+#include <atomic>
+#include <exception>
+#include <new>
 #include <string>
+#include <unordered_map>
 #include <utility>
 
 #include "jaxlib_patch/keys.h"
@@ -45,6 +49,34 @@ static std::string Utf8(nb::handle text) {
   if (!bytes.is_valid()) throw nb::python_error();
   return std::string(PyBytes_AS_STRING(bytes.ptr()),
                      PyBytes_GET_SIZE(bytes.ptr()));
+}
+
+// Sets the Python error for a C++ exception thrown below a C API entry point,
+// as nanobind does for bound functions.
+void SetPythonErrorFromException() {
+  try {
+    throw;
+  } catch (nb::python_error& error) {
+    error.restore();
+  } catch (const nb::builtin_exception& error) {
+    PyObject* type = PyExc_RuntimeError;
+    switch (error.type()) {
+      case nb::exception_type::stop_iteration: type = PyExc_StopIteration; break;
+      case nb::exception_type::index_error: type = PyExc_IndexError; break;
+      case nb::exception_type::key_error: type = PyExc_KeyError; break;
+      case nb::exception_type::value_error: type = PyExc_ValueError; break;
+      case nb::exception_type::type_error: type = PyExc_TypeError; break;
+      case nb::exception_type::buffer_error: type = PyExc_BufferError; break;
+      case nb::exception_type::import_error: type = PyExc_ImportError; break;
+      case nb::exception_type::attribute_error: type = PyExc_AttributeError; break;
+      default: break;
+    }
+    PyErr_SetString(type, error.what());
+  } catch (const std::bad_alloc&) {
+    PyErr_NoMemory();
+  } catch (const std::exception& error) {
+    PyErr_SetString(PyExc_RuntimeError, error.what());
+  }
 }
 
 std::string Str(nb::handle obj) { return Utf8(nb::str(obj)); }
@@ -322,17 +354,90 @@ std::string PyTreeDef::PathTo(Py_ssize_t index) const {
   return path;
 }
 
+uint64_t PyTreeDef::NewOrigin() {
+  static std::atomic<uint64_t> next_origin{1};
+  return next_origin.fetch_add(1, std::memory_order_relaxed);
+}
+
+PyTreeDef::NodeKey PyTreeDef::KeyOf(size_t index) const {
+  if (!provenance_.empty()) return provenance_[index];
+  return {origin_, static_cast<Py_ssize_t>(index) -
+                       traversal_[index].shared_distance};
+}
+
 std::vector<nb::object> PyTreeDef::Children() const {
   std::vector<nb::object> children;
   if (traversal_.empty()) return children;
+  // Children need keys only where one of them may refer into another.
+  bool keyed = !provenance_.empty();
+  for (size_t i = 0; i < traversal_.size() && !keyed; ++i) {
+    keyed = traversal_[i].is_reference();
+  }
   for (Py_ssize_t root : ChildIndices(traversal_.size() - 1)) {
     PyTreeDef child(registry_, registry_ref_);
     const Py_ssize_t start = root - traversal_[root].num_nodes + 1;
     child.traversal_.assign(traversal_.begin() + start,
                             traversal_.begin() + root + 1);
+    if (keyed) {
+      for (Py_ssize_t i = start; i <= root; ++i) {
+        child.provenance_.push_back(KeyOf(i));
+      }
+    }
     children.push_back(WrapTreeDef(std::move(child)));
   }
   return children;
+}
+
+PyTreeDef PyTreeDef::Concatenate(
+    PyTreeRegistry* registry, nb::object registry_ref,
+    const std::vector<const PyTreeDef*>& children) {
+  PyTreeDef result(registry, std::move(registry_ref));
+  std::vector<Node>& out = result.traversal_;
+  bool keyed = false;
+  for (const PyTreeDef* child : children) {
+    keyed = keyed || !child->provenance_.empty();
+  }
+  if (!keyed) {
+    // Plain slices (or whole treedefs): positions are all there is.
+    for (const PyTreeDef* child : children) {
+      out.insert(out.end(), child->traversal_.begin(), child->traversal_.end());
+    }
+    return result;
+  }
+  // The latest node placed for each key: a reference goes to the nearest
+  // earlier node that stands for its target, wherever that now lies.
+  std::unordered_map<NodeKey, Py_ssize_t, NodeKeyHash> placed;
+  std::vector<NodeKey>& keys = result.provenance_;
+  for (const PyTreeDef* child : children) {
+    const bool child_keyed = !child->provenance_.empty();
+    for (size_t j = 0; j < child->traversal_.size(); ++j) {
+      const Py_ssize_t at = out.size();
+      out.push_back(child->traversal_[j]);
+      Node& node = out.back();
+      NodeKey key = child->KeyOf(j);
+      if (node.is_reference()) {
+        if (child_keyed) {
+          auto target = placed.find(key);
+          if (target != placed.end()) {
+            node.shared_distance = at - target->second;
+          } else if (node.shared_distance <= at) {
+            // Its target is not among the children: the reference stays
+            // external, and must point before the start of the result, not
+            // at some node that now lies where its target used to.
+            node.shared_distance =
+                at + node.shared_distance - static_cast<Py_ssize_t>(j);
+          }
+        } else if (node.shared_distance <= at) {
+          // An unkeyed child keeps its positions (as it always did).
+          key = keys[at - node.shared_distance];
+        }
+      } else {
+        placed[key] = at;
+      }
+      keys.push_back(key);
+    }
+  }
+  return result;
 }
 
 nb::list CopyToList(nb::handle sequence) {
@@ -416,15 +521,17 @@ nb::object PyTreeDef::FromNodeDataAndChildren(
     std::optional<std::pair<nb::type_object, nb::object>> node_data,
     nb::iterable children) {
   PyTreeRegistry* registry = nb::cast<PyTreeRegistry*>(registry_ref);
-  PyTreeDef treedef(registry, nb::borrow(registry_ref));
-  Node node;
+  // Held, so that the treedefs stay alive while they are read.
+  std::vector<nb::object> held;
+  std::vector<const PyTreeDef*> child_treedefs;
   for (nb::handle child : children) {
-    const PyTreeDef& child_treedef = CastTreeDef(child);
-    treedef.traversal_.insert(treedef.traversal_.end(),
-                              child_treedef.traversal_.begin(),
-                              child_treedef.traversal_.end());
-    ++node.arity;
+    child_treedefs.push_back(&CastTreeDef(child));
+    held.push_back(nb::borrow(child));
   }
+  PyTreeDef treedef =
+      Concatenate(registry, nb::borrow(registry_ref), child_treedefs);
+  Node node;
+  node.arity = child_treedefs.size();
   if (node_data) {
     const nb::type_object& type = node_data->first;
     const nb::object& data = node_data->second;
@@ -458,7 +565,7 @@ nb::object PyTreeDef::FromNodeDataAndChildren(
       node.node_data = data;
     }
   }
-  treedef.traversal_.push_back(std::move(node));
+  treedef.AppendRoot(std::move(node));
   treedef.Validate();
   return WrapTreeDef(std::move(treedef));
 }
@@ -466,22 +573,38 @@ nb::object PyTreeDef::FromNodeDataAndChildren(
 nb::object PyTreeDef::Tuple(nb::handle_t<PyTreeRegistry> registry_ref,
                             nb::list treedefs) {
   PyTreeRegistry* registry = nb::cast<PyTreeRegistry*>(registry_ref);
-  PyTreeDef tuple(registry, nb::borrow(registry_ref));
-  Node node;
-  node.kind = PyTreeKind::kTuple;
+  std::vector<nb::object> held;
+  std::vector<const PyTreeDef*> child_treedefs;
   for (nb::handle item : treedefs) {
     const PyTreeDef& treedef = CastTreeDef(item);
     if (treedef.registry_ != registry) {
       throw nb::value_error(
           "PyTree registries of PyTreeDefs passed to Tuple() must match.");
     }
-    tuple.traversal_.insert(tuple.traversal_.end(), treedef.traversal_.begin(),
-                            treedef.traversal_.end());
-    ++node.arity;
+    child_treedefs.push_back(&treedef);
+    held.push_back(nb::borrow(item));
   }
-  tuple.traversal_.push_back(std::move(node));
+  PyTreeDef tuple =
+      Concatenate(registry, nb::borrow(registry_ref), child_treedefs);
+  Node node;
+  node.kind = PyTreeKind::kTuple;
+  node.arity = child_treedefs.size();
+  tuple.AppendRoot(std::move(node));
   tuple.Validate();
   return WrapTreeDef(std::move(tuple));
+}
+
+void PyTreeDef::AppendRoot(Node root) {
+  const Py_ssize_t at = traversal_.size();
+  if (!provenance_.empty()) {
+    // A SharedReference root refers by position, as it always did.
+    const Py_ssize_t target = at - root.shared_distance;
+    provenance_.push_back(root.is_reference() && target >= 0
+                              ? provenance_[target]
+                              : NodeKey{origin_, target});
+    // (A node that is not a reference has distance 0: its own key.)
+  }
+  traversal_.push_back(std::move(root));
 }
 
 void PyTreeDef::ValidateReference(size_t i) const {

@@ -344,3 +344,82 @@ def test_pickled_example_keeps_sharing():
   assert back == td and sys.modules[__name__].REG is REG
   out = back.unflatten([Array(2)])
   assert out.left is out.right
+
+
+# ---------------------------------------------------------------------------
+# Rebuilding a treedef from some of its children (jax removes static
+# arguments this way: from_node_data_and_children over the kept children).
+# ---------------------------------------------------------------------------
+
+
+def rebuild(td, keep):
+  """`td` rebuilt from the children whose index is in `keep`, recursively:
+  `keep` maps a child's index to True (whole) or to the `keep` of its own."""
+  children = td.children()
+  kept = [children[i] if sub is True else rebuild(children[i], sub)
+          for i, sub in keep.items()]
+  node_type, data = td.node_data()
+  if node_type is dict:
+    data = [data[i] for i in keep]
+  return pt.PyTreeDef.from_node_data_and_children(REG, (node_type, data), kept)
+
+
+def test_leaving_out_a_sibling_between_a_node_and_its_reference():
+  """jit(f, static_argnums=1)(p, 2, p): the reference is re-aimed at p."""
+  child = Child(Array(1))
+  td = REG.flatten((child, 2, child))[1]
+  without_static = rebuild(td, {0: True, 2: True})
+  assert without_static == REG.flatten((child, child))[1]
+  out = without_static.unflatten([Array(3)])
+  assert out[0] is out[1]
+
+
+def test_leaving_out_siblings_at_every_depth():
+  """Args and kwargs cut apart and put back; a kwarg refers into the args."""
+  child, other = Child(Array(1)), Child(Array(2))
+  tree = ((child, "static", other), {"a": "static", "b": other, "c": child})
+  td = REG.flatten(tree)[1]
+  rebuilt = rebuild(td, {0: {0: True, 2: True}, 1: {1: True, 2: True}})
+  expected = REG.flatten(((child, other), {"b": other, "c": child}))[1]
+  assert rebuilt == expected
+  out = rebuilt.unflatten([Array(3), Array(4)])
+  assert out[0][0] is out[1]["c"] and out[0][1] is out[1]["b"]
+  assert out[0][0] is not out[0][1]
+
+
+def test_children_in_another_order_keep_their_references():
+  """A reference follows its object, not its old position."""
+  child = Child(Array(1))
+  td = REG.flatten([child, Array(0), Parent(child, child)])[1]
+  first, leaf, parent = td.children()
+  rebuilt = pt.treedef_tuple(REG, [first, parent, leaf])
+  assert rebuilt == REG.flatten((child, Parent(child, child), Array(0)))[1]
+
+
+def test_a_reference_whose_target_is_left_out_stays_external():
+  """Until its target is assembled in front of it again; never a wrong node."""
+  child, other = Child(Array(1)), Child(Array(2))
+  td = REG.flatten((child, other, child))[1]
+  first, second, third = td.children()
+  alone = pt.treedef_tuple(REG, [second, third])
+  with pytest.raises(ValueError, match="outside"):
+    alone.unflatten([Array(0)])
+  # `second` is a Child too: the reference must not land on it.
+  assert alone != REG.flatten((other, other))[1]
+  # Put back behind its target, the reference finds it again.
+  leaf = REG.flatten(Array(0))[1]
+  whole = pt.treedef_tuple(REG, [first, leaf, alone])
+  assert whole == REG.flatten((child, Array(0), (other, child)))[1]
+
+
+def test_one_child_twice_is_two_objects():
+  """Each copy's reference goes to the nearest node of its object: its own."""
+  child = Child(Array(1))
+  pair = REG.flatten((child, child))[1]
+  twice = pt.treedef_tuple(REG, [pair, pair])
+  out = twice.unflatten([Array(1), Array(2)])
+  assert out[0][0] is out[0][1] and out[1][0] is out[1][1]
+  assert out[0][0] is not out[1][0]
+  halves = REG.flatten(((child, child), 0))[1].children()
+  twice_cut = pt.treedef_tuple(REG, [halves[0], halves[0]])
+  assert twice_cut == twice

@@ -196,6 +196,31 @@ class JitSharingTest(jtu.JaxTestCase):
     with self.assertRaisesRegex(ValueError, "Non-hashable static arguments"):
       f.lower(parent, [2])
 
+  def test_static_arg_between_two_uses_of_a_shared_node(self):
+    # Removing the static argument from the arguments' treedef must keep the
+    # reference of the second use aimed at the first (issue: a crash).
+    def f(a, n, b):
+      assert a is b
+      return a.value * n + b.value
+
+    p = Param(jnp.ones(3))
+    expected = jnp.full(3, 3.0)
+    by_argnums = jax.jit(f, static_argnums=1)
+    for _ in range(2):  # traced, then the C++ fast path
+      self.assertArraysEqual(by_argnums(p, 2, p), expected)
+    self.assertArraysEqual(jax.jit(f, static_argnums=-2)(p, 2, p), expected)
+    # Keyword arguments are sorted: "n" lands between "a" and "b".
+    by_argnames = jax.jit(f, static_argnames="n")
+    self.assertArraysEqual(by_argnames(a=p, n=2, b=p), expected)
+    self.assertArraysEqual(by_argnames(p, n=2, b=p), expected)
+    compiled = by_argnums.lower(p, 2, p).compile()
+    self.assertArraysEqual(compiled(p, p), expected)
+    self.assertLen(by_argnums.trace(p, 2, p).jaxpr.in_avals, 1)
+    donating = jax.jit(f, static_argnums=1, donate_argnums=(0, 2))
+    q = Param(jnp.ones(3))
+    self.assertArraysEqual(donating(q, 2, q), expected)
+    self.assertTrue(q.value.is_deleted())
+
   def test_lower_trace_eval_shape(self):
     def f(p):
       return Parent(p.right, p.left), p.left.x * 2

@@ -1,0 +1,495 @@
+// The object `jax.jit` returns, and the `DispatchArgs` it hands to the stock
+// C++ dispatch.
+//
+// The stock dispatch (`_jax.pjit`, a `PjitFunction`) flattens its arguments
+// with the stock registry, which cannot express sharing. A `JitFunction`
+// stands in front of it: a call splits off the static arguments, flattens the
+// dynamic ones once, as `(args, kwargs)`, with the tracing registry (one
+// identity scope), and calls the dispatch with one `DispatchArgs` followed by
+// the static arguments, all in C++ (no Python frame). Its `repr`, descriptor
+// binding, weak references, `__dict__` and `__signature__` are those of the
+// stock `PjitFunction`, so that the rest of JAX and its users see no
+// difference; `lower`, `trace`, `eval_shape` and `clear_cache` are set on the
+// type from Python, as stock sets them on `PjitFunction`.
+
+#include <Python.h>
+#include <structmember.h>
+
+#include <cstddef>
+#include <exception>
+#include <new>
+#include <vector>
+
+#include "jaxlib_patch/pytree.h"
+
+namespace jaxlib_patch {
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// DispatchArgs: the dynamic arguments of one call, flattened once. The stock
+// dispatch registry knows it as a dataclass node whose child is `leaves` and
+// whose aux data is `treedef` (hashable, and it compares sharing too), so the
+// dispatch's cache is keyed on the sharing. `args` and `kwargs` are the call's
+// own arguments, static ones included, for the slow path.
+
+struct DispatchArgsObject {
+  PyObject_HEAD
+  nb::object leaves;
+  nb::object treedef;
+  nb::object args;
+  nb::object kwargs;
+};
+
+PyTypeObject* dispatch_args_type = nullptr;
+
+int DispatchArgsTraverse(PyObject* self, visitproc visit, void* arg) {
+  auto* o = reinterpret_cast<DispatchArgsObject*>(self);
+  Py_VISIT(Py_TYPE(self));
+  Py_VISIT(o->leaves.ptr());
+  Py_VISIT(o->treedef.ptr());
+  Py_VISIT(o->args.ptr());
+  Py_VISIT(o->kwargs.ptr());
+  return 0;
+}
+
+int DispatchArgsClear(PyObject* self) {
+  auto* o = reinterpret_cast<DispatchArgsObject*>(self);
+  o->leaves.reset();
+  o->treedef.reset();
+  o->args.reset();
+  o->kwargs.reset();
+  return 0;
+}
+
+void DispatchArgsDealloc(PyObject* self) {
+  PyTypeObject* type = Py_TYPE(self);
+  PyObject_GC_UnTrack(self);
+  auto* o = reinterpret_cast<DispatchArgsObject*>(self);
+  o->~DispatchArgsObject();
+  type->tp_free(self);
+  Py_DECREF(type);
+}
+
+nb::object MakeDispatchArgs(nb::object leaves, nb::object treedef,
+                            nb::object args, nb::object kwargs) {
+  PyObject* self = dispatch_args_type->tp_alloc(dispatch_args_type, 0);
+  if (self == nullptr) throw nb::python_error();
+  auto* o = reinterpret_cast<DispatchArgsObject*>(self);
+  // tp_alloc zeroes the memory: the handles are constructed over nulls.
+  new (&o->leaves) nb::object(std::move(leaves));
+  new (&o->treedef) nb::object(std::move(treedef));
+  new (&o->args) nb::object(std::move(args));
+  new (&o->kwargs) nb::object(std::move(kwargs));
+  return nb::steal(self);
+}
+
+PyObject* DispatchArgsNew(PyTypeObject*, PyObject* args, PyObject* kwargs) {
+  static const char* names[] = {"leaves", "treedef", "args", "kwargs", nullptr};
+  PyObject *leaves, *treedef, *call_args = nullptr, *call_kwargs = nullptr;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OO:DispatchArgs",
+                                   const_cast<char**>(names), &leaves,
+                                   &treedef, &call_args, &call_kwargs)) {
+    return nullptr;
+  }
+  try {
+    return MakeDispatchArgs(
+               nb::borrow(leaves), nb::borrow(treedef),
+               call_args ? nb::borrow(call_args) : nb::object(nb::tuple()),
+               call_kwargs ? nb::borrow(call_kwargs) : nb::object(nb::dict()))
+        .release()
+        .ptr();
+  } catch (...) {
+    SetPythonErrorFromException();
+    return nullptr;
+  }
+}
+
+#define JAXLIB_PATCH_MEMBER(type, field)                         \
+  {#field, T_OBJECT_EX, static_cast<Py_ssize_t>(offsetof(type, field)), \
+   READONLY, nullptr}
+
+PyMemberDef dispatch_args_members[] = {
+    JAXLIB_PATCH_MEMBER(DispatchArgsObject, leaves),
+    JAXLIB_PATCH_MEMBER(DispatchArgsObject, treedef),
+    JAXLIB_PATCH_MEMBER(DispatchArgsObject, args),
+    JAXLIB_PATCH_MEMBER(DispatchArgsObject, kwargs),
+    {nullptr, 0, 0, 0, nullptr}};
+
+PyType_Slot dispatch_args_slots[] = {
+    {Py_tp_doc, const_cast<char*>(
+                    "DispatchArgs(leaves, treedef, args=(), kwargs={})\n\n"
+                    "The dynamic arguments of a call of a jitted function, "
+                    "flattened once (one identity scope), as the stock C++ "
+                    "dispatch receives them; `args` and `kwargs` are the "
+                    "call's own arguments.")},
+    {Py_tp_new, reinterpret_cast<void*>(DispatchArgsNew)},
+    {Py_tp_dealloc, reinterpret_cast<void*>(DispatchArgsDealloc)},
+    {Py_tp_traverse, reinterpret_cast<void*>(DispatchArgsTraverse)},
+    {Py_tp_clear, reinterpret_cast<void*>(DispatchArgsClear)},
+    {Py_tp_members, dispatch_args_members},
+    {0, nullptr}};
+
+PyType_Spec dispatch_args_spec = {
+    "jaxlib_patch.pytree.DispatchArgs", sizeof(DispatchArgsObject), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, dispatch_args_slots};
+
+// ---------------------------------------------------------------------------
+// JitFunction.
+
+struct JitFunctionObject {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  PyObject* dict;      // Owned; the instance __dict__ (functools.wraps).
+  PyObject* weakrefs;  // Managed by CPython.
+  // The user's function; the stock dispatch (a PjitFunction); the tracing
+  // registry. Null only while being built or after tp_clear.
+  nb::object fun;
+  nb::object dispatch;
+  nb::object registry;
+  // As given to jax.jit (a negative index counts from the end of a call's
+  // positional arguments); the names as a tuple of str.
+  std::vector<Py_ssize_t> static_argnums;
+  nb::object static_argnames;
+};
+
+PyTypeObject* jit_function_type = nullptr;
+
+// Whether keyword `name` is one of the static argument names.
+bool IsStaticName(const JitFunctionObject* self, PyObject* name) {
+  PyObject* names = self->static_argnames.ptr();
+  const Py_ssize_t n = PyTuple_GET_SIZE(names);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (PyTuple_GET_ITEM(names, i) == name) return true;
+  }
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    const int equal = PyUnicode_Compare(PyTuple_GET_ITEM(names, i), name);
+    if (equal == -1 && PyErr_Occurred()) throw nb::python_error();
+    if (equal == 0) return true;
+  }
+  return false;
+}
+
+// Whether positional argument `i` of a call with `nargs` of them is static.
+// The one rule of jax.jit (also FlatTree.flatten_static_argnums_argnames):
+// a negative index counts from the end; one that lands outside the call's
+// positional arguments makes nothing static.
+bool IsStaticPosition(const JitFunctionObject* self, Py_ssize_t i,
+                      Py_ssize_t nargs) {
+  for (Py_ssize_t index : self->static_argnums) {
+    if ((index < 0 ? index + nargs : index) == i) return true;
+  }
+  return false;
+}
+
+nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
+                           Py_ssize_t nargs, PyObject* kwnames) {
+  if (!self->dispatch.is_valid()) {
+    throw nb::value_error("This jitted function was cleared by the garbage "
+                          "collector.");
+  }
+  const Py_ssize_t nkwargs = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  nb::object call_args = nb::steal(PyTuple_New(nargs));
+  if (!call_args.is_valid()) throw nb::python_error();
+  for (Py_ssize_t i = 0; i < nargs; ++i) {
+    PyTuple_SET_ITEM(call_args.ptr(), i, Py_NewRef(args[i]));
+  }
+  nb::dict call_kwargs;
+  for (Py_ssize_t k = 0; k < nkwargs; ++k) {
+    if (PyDict_SetItem(call_kwargs.ptr(), PyTuple_GET_ITEM(kwnames, k),
+                       args[nargs + k]) < 0) {
+      throw nb::python_error();
+    }
+  }
+
+  // The dispatch's arguments: the DispatchArgs, then the static positional
+  // ones, then the static keyword ones' values. Small calls need no heap.
+  constexpr Py_ssize_t kOnStack = 16;
+  PyObject* stack_buffer[kOnStack];
+  std::vector<PyObject*> heap_buffer;
+  PyObject** dispatch_args = stack_buffer;
+  if (1 + nargs + nkwargs > kOnStack) {
+    heap_buffer.resize(1 + nargs + nkwargs);
+    dispatch_args = heap_buffer.data();
+  }
+  Py_ssize_t num_dispatch_args = 1;
+
+  nb::object dynamic_args = call_args;
+  if (!self->static_argnums.empty() && nargs > 0) {
+    for (Py_ssize_t i = 0; i < nargs; ++i) {
+      if (IsStaticPosition(self, i, nargs)) {
+        dispatch_args[num_dispatch_args++] = args[i];
+      }
+    }
+    if (num_dispatch_args > 1) {
+      dynamic_args = nb::steal(PyTuple_New(nargs - (num_dispatch_args - 1)));
+      if (!dynamic_args.is_valid()) throw nb::python_error();
+      Py_ssize_t next = 0;
+      for (Py_ssize_t i = 0; i < nargs; ++i) {
+        if (!IsStaticPosition(self, i, nargs)) {
+          PyTuple_SET_ITEM(dynamic_args.ptr(), next++, Py_NewRef(args[i]));
+        }
+      }
+    }
+  }
+  nb::object dynamic_kwargs = call_kwargs;
+  nb::object static_kwnames;
+  if (nkwargs > 0 && PyTuple_GET_SIZE(self->static_argnames.ptr()) > 0) {
+    Py_ssize_t num_static_kwargs = 0;
+    for (Py_ssize_t k = 0; k < nkwargs; ++k) {
+      num_static_kwargs += IsStaticName(self, PyTuple_GET_ITEM(kwnames, k));
+    }
+    if (num_static_kwargs > 0) {
+      nb::dict dynamic;
+      static_kwnames = nb::steal(PyTuple_New(num_static_kwargs));
+      if (!static_kwnames.is_valid()) throw nb::python_error();
+      Py_ssize_t next = 0;
+      for (Py_ssize_t k = 0; k < nkwargs; ++k) {
+        PyObject* name = PyTuple_GET_ITEM(kwnames, k);
+        if (IsStaticName(self, name)) {
+          PyTuple_SET_ITEM(static_kwnames.ptr(), next++, Py_NewRef(name));
+          dispatch_args[num_dispatch_args++] = args[nargs + k];
+        } else if (PyDict_SetItem(dynamic.ptr(), name, args[nargs + k]) < 0) {
+          throw nb::python_error();
+        }
+      }
+      dynamic_kwargs = std::move(dynamic);
+    }
+  }
+
+  auto [leaves, treedef] = PyTreeDef::Flatten<false>(
+      self->registry, nb::make_tuple(dynamic_args, dynamic_kwargs),
+      std::nullopt);
+  nb::object dispatch_arg = MakeDispatchArgs(
+      std::move(leaves), std::move(treedef), call_args, call_kwargs);
+  dispatch_args[0] = dispatch_arg.ptr();
+  const Py_ssize_t num_static_kwargs =
+      static_kwnames.is_valid() ? PyTuple_GET_SIZE(static_kwnames.ptr()) : 0;
+  PyObject* result = PyObject_Vectorcall(
+      self->dispatch.ptr(), dispatch_args,
+      num_dispatch_args - num_static_kwargs,
+      static_kwnames.is_valid() ? static_kwnames.ptr() : nullptr);
+  if (result == nullptr) throw nb::python_error();
+  return nb::steal(result);
+}
+
+PyObject* JitFunctionVectorcall(PyObject* callable, PyObject* const* args,
+                                size_t nargsf, PyObject* kwnames) {
+  try {
+    return CallJitFunction(reinterpret_cast<JitFunctionObject*>(callable),
+                           args, PyVectorcall_NARGS(nargsf), kwnames)
+        .release()
+        .ptr();
+  } catch (...) {
+    SetPythonErrorFromException();
+    return nullptr;
+  }
+}
+
+int JitFunctionTraverse(PyObject* self, visitproc visit, void* arg) {
+  auto* o = reinterpret_cast<JitFunctionObject*>(self);
+  Py_VISIT(Py_TYPE(self));
+  Py_VISIT(o->dict);
+  Py_VISIT(o->fun.ptr());
+  Py_VISIT(o->dispatch.ptr());
+  Py_VISIT(o->registry.ptr());
+  Py_VISIT(o->static_argnames.ptr());
+  return 0;
+}
+
+int JitFunctionClear(PyObject* self) {
+  auto* o = reinterpret_cast<JitFunctionObject*>(self);
+  Py_CLEAR(o->dict);
+  o->fun.reset();
+  o->dispatch.reset();
+  o->registry.reset();
+  o->static_argnames.reset();
+  return 0;
+}
+
+void JitFunctionDealloc(PyObject* self) {
+  PyTypeObject* type = Py_TYPE(self);
+  PyObject_GC_UnTrack(self);
+  auto* o = reinterpret_cast<JitFunctionObject*>(self);
+  if (o->weakrefs != nullptr) PyObject_ClearWeakRefs(self);
+  Py_CLEAR(o->dict);
+  o->fun.~object();
+  o->dispatch.~object();
+  o->registry.~object();
+  o->static_argnums.~vector();
+  o->static_argnames.~object();
+  type->tp_free(self);
+  Py_DECREF(type);
+}
+
+// As stock: the repr of `__wrapped__`, and a bare one if that fails.
+PyObject* JitFunctionRepr(PyObject* self) {
+  PyObject* wrapped = PyObject_GetAttrString(self, "__wrapped__");
+  PyObject* text = nullptr;
+  if (wrapped != nullptr) {
+    text = PyUnicode_FromFormat("<PjitFunction of %R>", wrapped);
+    Py_DECREF(wrapped);
+  }
+  if (text == nullptr) {
+    PyErr_Clear();
+    text = PyUnicode_FromString("<PjitFunction>");
+  }
+  return text;
+}
+
+// Methods bind like functions': `obj.method` is a bound method of it.
+PyObject* JitFunctionDescrGet(PyObject* self, PyObject* obj, PyObject*) {
+  if (obj == nullptr || obj == Py_None) return Py_NewRef(self);
+  return PyMethod_New(self, obj);
+}
+
+JitFunctionObject* Self(PyObject* self) {
+  auto* o = reinterpret_cast<JitFunctionObject*>(self);
+  if (!o->dispatch.is_valid()) {
+    throw nb::value_error("This jitted function was cleared by the garbage "
+                          "collector.");
+  }
+  return o;
+}
+
+template <typename F>
+PyObject* Guarded(F&& f) {
+  try {
+    return f().release().ptr();
+  } catch (...) {
+    SetPythonErrorFromException();
+    return nullptr;
+  }
+}
+
+PyObject* JitFunctionSignature(PyObject* self, void*) {
+  return Guarded([&] {
+    return nb::module_::import_("inspect").attr("signature")(Self(self)->fun);
+  });
+}
+
+PyObject* JitFunctionCacheSize(PyObject* self, PyObject*) {
+  return Guarded([&] { return Self(self)->dispatch.attr("_cache_size")(); });
+}
+
+PyObject* JitFunctionClearCache(PyObject* self, PyObject*) {
+  return Guarded([&] { return Self(self)->dispatch.attr("_clear_cache")(); });
+}
+
+// The stock dispatch's state, with the user's function and static argument
+// indices and names in place of the dispatch's own.
+PyObject* JitFunctionGetState(PyObject* self, PyObject*) {
+  return Guarded([&] {
+    JitFunctionObject* o = Self(self);
+    nb::object state = o->dispatch.attr("__getstate__")();
+    state["fun"] = o->fun;
+    state["static_argnums"] = nb::cast(o->static_argnums);
+    state["static_argnames"] = o->static_argnames;
+    return state;
+  });
+}
+
+PyMethodDef jit_function_methods[] = {
+    {"_cache_size", JitFunctionCacheSize, METH_NOARGS,
+     "The number of entries of the C++ dispatch's cache."},
+    {"_clear_cache", JitFunctionClearCache, METH_NOARGS,
+     "Clears the C++ dispatch's cache."},
+    {"__getstate__", JitFunctionGetState, METH_NOARGS, nullptr},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyGetSetDef jit_function_getset[] = {
+    {"__signature__", JitFunctionSignature, nullptr, nullptr, nullptr},
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, nullptr,
+     nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyMemberDef jit_function_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET,
+     static_cast<Py_ssize_t>(offsetof(JitFunctionObject, vectorcall)),
+     READONLY, nullptr},
+    {"__dictoffset__", T_PYSSIZET,
+     static_cast<Py_ssize_t>(offsetof(JitFunctionObject, dict)), READONLY,
+     nullptr},
+    {"__weaklistoffset__", T_PYSSIZET,
+     static_cast<Py_ssize_t>(offsetof(JitFunctionObject, weakrefs)), READONLY,
+     nullptr},
+    {nullptr, 0, 0, 0, nullptr}};
+
+PyType_Slot jit_function_slots[] = {
+    {Py_tp_doc, const_cast<char*>(
+                    "What jax.jit returns: flattens the dynamic arguments "
+                    "once with the tracing registry and calls the stock C++ "
+                    "dispatch with them.")},
+    {Py_tp_dealloc, reinterpret_cast<void*>(JitFunctionDealloc)},
+    {Py_tp_traverse, reinterpret_cast<void*>(JitFunctionTraverse)},
+    {Py_tp_clear, reinterpret_cast<void*>(JitFunctionClear)},
+    {Py_tp_call, reinterpret_cast<void*>(PyVectorcall_Call)},
+    {Py_tp_repr, reinterpret_cast<void*>(JitFunctionRepr)},
+    {Py_tp_descr_get, reinterpret_cast<void*>(JitFunctionDescrGet)},
+    {Py_tp_methods, jit_function_methods},
+    {Py_tp_getset, jit_function_getset},
+    {Py_tp_members, jit_function_members},
+    {0, nullptr}};
+
+// Named PjitFunction like stock's, so that messages that name the type read
+// the same; the module tells them apart.
+PyType_Spec jit_function_spec = {
+    "jaxlib_patch.pytree.PjitFunction", sizeof(JitFunctionObject), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+        Py_TPFLAGS_DISALLOW_INSTANTIATION,  // make_jit_function builds them
+    jit_function_slots};
+
+nb::object MakeJitFunction(nb::callable fun, nb::callable dispatch,
+                           nb::handle registry,
+                           std::vector<Py_ssize_t> static_argnums,
+                           std::vector<nb::str> static_argnames) {
+  if (!nb::isinstance<PyTreeRegistry>(registry)) {
+    throw nb::type_error(("Expected a PyTreeRegistry, got " + Repr(registry) +
+                          ".")
+                             .c_str());
+  }
+  nb::tuple names = nb::steal<nb::tuple>(PyTuple_New(static_argnames.size()));
+  if (!names.is_valid()) throw nb::python_error();
+  for (size_t k = 0; k < static_argnames.size(); ++k) {
+    PyObject* name = static_argnames[k].release().ptr();
+    PyUnicode_InternInPlace(&name);
+    PyTuple_SET_ITEM(names.ptr(), k, name);
+  }
+  PyObject* self = jit_function_type->tp_alloc(jit_function_type, 0);
+  if (self == nullptr) throw nb::python_error();
+  auto* o = reinterpret_cast<JitFunctionObject*>(self);
+  // tp_alloc zeroes the memory: the members are constructed over it.
+  o->vectorcall = JitFunctionVectorcall;
+  new (&o->fun) nb::object(std::move(fun));
+  new (&o->dispatch) nb::object(std::move(dispatch));
+  new (&o->registry) nb::object(nb::borrow(registry));
+  new (&o->static_argnums) std::vector<Py_ssize_t>(std::move(static_argnums));
+  new (&o->static_argnames) nb::object(std::move(names));
+  return nb::steal(self);
+}
+
+}  // namespace
+
+void BindJitFunction(nb::module_& m) {
+  dispatch_args_type = reinterpret_cast<PyTypeObject*>(
+      PyType_FromSpec(&dispatch_args_spec));
+  if (dispatch_args_type == nullptr) throw nb::python_error();
+  m.attr("DispatchArgs") = nb::borrow(
+      reinterpret_cast<PyObject*>(dispatch_args_type));
+  jit_function_type = reinterpret_cast<PyTypeObject*>(
+      PyType_FromSpec(&jit_function_spec));
+  if (jit_function_type == nullptr) throw nb::python_error();
+  m.attr("PjitFunction") = nb::borrow(
+      reinterpret_cast<PyObject*>(jit_function_type));
+  m.def("make_jit_function", &MakeJitFunction, nb::arg("fun"),
+        nb::arg("dispatch"), nb::arg("registry"), nb::arg("static_argnums"),
+        nb::arg("static_argnames"),
+        "The object jax.jit returns: calls of it flatten the dynamic "
+        "arguments once with `registry` and call `dispatch` (a stock "
+        "PjitFunction whose static arguments are 1, 2, ... and "
+        "`static_argnames`) with one DispatchArgs followed by the static "
+        "arguments. `static_argnums` as given to jax.jit; a negative one "
+        "counts from the end of a call's positional arguments.");
+}
+
+}  // namespace jaxlib_patch

@@ -1,0 +1,190 @@
+"""The object jax.jit returns behaves as stock's PjitFunction.
+
+No class here opts into relative identities: these are plain jax.jit uses,
+which must see no difference from stock jax.
+"""
+
+import functools
+import gc
+import inspect
+import traceback
+import weakref
+
+import jax
+
+from absl.testing import absltest
+import numpy as np
+
+import jax.numpy as jnp
+from jax._src import test_util as jtu
+
+
+def double(x):
+  """Docstring of double."""
+  return x * 2
+
+
+class JitFrontDoorTest(jtu.JaxTestCase):
+
+  def test_a_fresh_jit_of_one_function_reuses_the_cpp_cache(self):
+    x = jnp.arange(3.0)
+    with jtu.count_pjit_cpp_cache_miss() as misses:
+      for _ in range(10):
+        jax.jit(double)(x)
+    self.assertEqual(misses(), 1)
+    self.assertEqual(jax.jit(double)._cache_size(), 1)
+    # Other options, other cache; another function, another cache.
+    with jtu.count_pjit_cpp_cache_miss() as misses:
+      jax.jit(double, donate_argnums=0)(jnp.arange(3.0))
+      jax.jit(double, donate_argnums=0)(jnp.arange(3.0))
+      jax.jit(lambda x: x * 2)(x)
+    self.assertEqual(misses(), 2)
+
+    # Callables that compare equal are still distinct functions: as in
+    # stock, the cache is keyed on the function's identity.
+    class Scaler:
+      def __init__(self, factor):
+        self.factor = factor
+
+      def __eq__(self, other):
+        return True
+
+      __hash__ = object.__hash__
+
+      def __call__(self, x):
+        return x * self.factor
+
+    x = jnp.arange(3.0)
+    self.assertArraysEqual(jax.jit(Scaler(2.0))(x), x * 2)
+    self.assertArraysEqual(jax.jit(Scaler(3.0))(x), x * 3)
+
+  def test_repr_as_stock(self):
+    jitted = jax.jit(double)
+    self.assertEqual(repr(jitted), f"<PjitFunction of {double!r}>")
+
+    class BadRepr:
+      def __call__(self):
+        pass
+
+      def __repr__(self):
+        raise ValueError("invalid repr")
+
+    jitted = jax.jit(BadRepr())
+    self.assertEqual(repr(jitted), "<PjitFunction>")
+    del jitted.__wrapped__
+    self.assertEqual(repr(jitted), "<PjitFunction>")
+
+  def test_bound_methods_and_weak_references(self):
+    # jax.jit(obj.method) stored on obj: a cycle the collector must break.
+    class Model:
+      def __init__(self):
+        self.jitted = jax.jit(self.apply)
+
+      def apply(self, x):
+        return x + 1
+
+    model = Model()
+    self.assertEqual(model.jitted(1.0), 2.0)
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    self.assertIsNone(ref())
+
+    # A jitted method binds to its object; a jitted function is weakly
+    # referenceable.
+    class Static:
+      scale = 3.0
+
+      @jax.jit
+      def apply(self, x):
+        return x * self.scale
+
+    jax.tree_util.register_static(Static)
+    self.assertEqual(Static().apply(2.0), 6.0)
+    jitted = jax.jit(double)
+    ref = weakref.ref(jitted)
+    self.assertIs(ref(), jitted)
+    del jitted
+    gc.collect()
+    self.assertIsNone(ref())
+
+  def test_traceback_has_no_extra_frame(self):
+    frames = []
+
+    @jax.jit
+    def f(x):
+      frames.extend(traceback.extract_stack())
+      return x
+
+    def caller():
+      return f(1.0)
+
+    caller()
+    names = [frame.name for frame in frames]
+    # The caller's frame is followed by JAX's own tracing frames only.
+    after_caller = names[names.index("caller") + 1:]
+    self.assertNotIn("jitted", after_caller)
+    self.assertNotIn("call", after_caller)
+
+  def test_getstate_names_the_function(self):
+    cases = {
+        "function": (double, "double"),
+        "partial": (functools.partial(double), "double"),
+        "nested partial": (functools.partial(functools.partial(double)),
+                           "double"),
+        "lambda": (lambda: None, "<lambda>"),
+    }
+    named = functools.partial(double)
+    named.__name__ = "named"
+    cases["named partial"] = (named, "named")
+    for label, (fun, name) in cases.items():
+      with self.subTest(label):
+        self.assertEqual(jax.jit(fun).__getstate__()["function_name"], name)
+
+  def test_wraps_copies_no_jit_attribute(self):
+    jitted = jax.jit(double)
+    wrapper = functools.wraps(jitted)(lambda x: jitted(x + 1))
+    for name in ("lower", "trace", "eval_shape", "clear_cache",
+                 "_cache_size", "_clear_cache"):
+      with self.subTest(name):
+        self.assertFalse(hasattr(wrapper, name))
+    with self.assertRaisesRegex(AttributeError, "has no attribute 'lower'"):
+      wrapper.lower(1.0)
+    # The wrapper is a function of its own for the rest of JAX too.
+    self.assertEqual(jax.eval_shape(wrapper, 1.0).shape, ())
+    self.assertEqual(jax.jit(wrapper)(1.0), 4.0)
+    self.assertEqual(jax.jit(jitted)(1.0), 2.0)
+    # What the jitted function itself has.
+    self.assertIs(jitted.__wrapped__, double)
+    self.assertEqual(jitted.__name__, "double")
+    self.assertEqual(jitted.__doc__, "Docstring of double.")
+    self.assertEqual(inspect.signature(jitted), inspect.signature(double))
+    self.assertIs(jitted._fun, double)
+    self.assertEqual(jitted.eval_shape(1.0).shape, ())
+    self.assertIn("lower", type(jitted).__dict__)
+
+  def test_static_arguments(self):
+    # A static argument named like an internal one of the dispatch.
+    def f(x, dispatch_args):
+      return x * dispatch_args
+
+    jitted = jax.jit(f, static_argnames="dispatch_args")
+    for _ in range(2):
+      self.assertEqual(jitted(2.0, dispatch_args=3), 6.0)
+    self.assertEqual(jitted.lower(2.0, dispatch_args=3).compile()(2.0), 6.0)
+
+    # One rule for a negative index: it counts from the end of the call's
+    # positional arguments.
+    def f(*args):
+      return args[0] * args[-1]
+
+    jitted = jax.jit(f, static_argnums=-1)
+    self.assertEqual(jitted(np.float32(2.0), 3), 6.0)
+    self.assertEqual(jitted(np.float32(2.0), 5.0, 3), 6.0)
+    # An index before the first argument: stock's error, from the slow path.
+    with self.assertRaisesRegex(ValueError, "greater than or equal to -len"):
+      jax.jit(f, static_argnums=-3)(np.float32(2.0), 3.0)
+
+
+if __name__ == "__main__":
+  absltest.main(testLoader=jtu.JaxTestLoader())

@@ -1,0 +1,177 @@
+"""The front door of jax.jit (`make_jit_function`), with a stand-in dispatch.
+
+The stock C++ dispatch is replaced by a Python function that records what it
+is called with: the DispatchArgs (one flatten of the dynamic arguments), then
+the static positional arguments, then the static keyword arguments.
+"""
+
+from __future__ import annotations
+
+import gc
+import inspect
+import sys
+import weakref
+
+import pytest
+
+from jaxlib_patch import pytree as pt
+
+
+class Node:
+  """Opted-in: one child."""
+
+  def __init__(self, x):
+    self.x = x
+
+
+REG = pt.PyTreeRegistry()
+REG.register_node(Node, lambda n: ((n.x,), None), lambda _, xs: Node(*xs),
+                  preserve_relative_identities=True)
+
+
+def target(a, n=0, b=None, *, mode="add"):
+  """The jitted function's docstring."""
+  return a
+
+
+class Recorder:
+  def __init__(self):
+    self.calls = []
+
+  def __call__(self, *args, **kwargs):
+    self.calls.append((args, kwargs))
+    return "result"
+
+
+def make(static_argnums=(), static_argnames=(), fun=target):
+  dispatch = Recorder()
+  return pt.make_jit_function(fun, dispatch, REG, list(static_argnums),
+                              list(static_argnames)), dispatch
+
+
+def test_dynamic_arguments_are_flattened_once():
+  jitted, dispatch = make()
+  node = Node(1)
+  assert jitted(node, 2, b=node) == "result"
+  (dispatch_args, *statics), static_kwargs = dispatch.calls[-1]
+  assert type(dispatch_args) is pt.DispatchArgs
+  assert statics == [] and static_kwargs == {}
+  assert dispatch_args.leaves == [1, 2]
+  assert dispatch_args.treedef == REG.flatten(((node, 2), {"b": node}))[1]
+  assert dispatch_args.args == (node, 2) and dispatch_args.kwargs == {"b": node}
+
+
+@pytest.mark.parametrize("argnums", [(1,), (-2,), (1, -2)])
+def test_static_positions(argnums):
+  jitted, dispatch = make(static_argnums=argnums)
+  node = Node(1)
+  jitted(node, "static", node)
+  (dispatch_args, *statics), _ = dispatch.calls[-1]
+  assert statics == ["static"]
+  assert dispatch_args.treedef == REG.flatten(((node, node), {}))[1]
+  assert dispatch_args.args == (node, "static", node)
+
+
+def test_a_negative_index_outside_the_arguments_selects_nothing():
+  jitted, dispatch = make(static_argnums=(-3, 5))
+  jitted(1, 2)
+  (dispatch_args, *statics), _ = dispatch.calls[-1]
+  assert statics == [] and dispatch_args.leaves == [1, 2]
+
+
+def test_static_names_even_internal_looking_ones():
+  jitted, dispatch = make(static_argnames=("mode", "dispatch_args"))
+  jitted(1, mode="mul", b=2, dispatch_args=3)
+  (dispatch_args, *statics), static_kwargs = dispatch.calls[-1]
+  assert statics == [] and static_kwargs == {"mode": "mul", "dispatch_args": 3}
+  assert dispatch_args.leaves == [1, 2]
+  assert dispatch_args.kwargs == {"mode": "mul", "b": 2, "dispatch_args": 3}
+
+
+def test_many_arguments():
+  jitted, dispatch = make(static_argnums=tuple(range(0, 40, 2)))
+  jitted(*range(40), **{f"k{i}": i for i in range(20)})
+  (dispatch_args, *statics), _ = dispatch.calls[-1]
+  assert statics == list(range(0, 40, 2))
+  # Keyword arguments in sorted order, as dicts flatten.
+  assert dispatch_args.leaves == list(range(1, 40, 2)) + [
+      int(k[1:]) for k in sorted(f"k{i}" for i in range(20))]
+
+
+def test_errors_propagate():
+  def failing(*args, **kwargs):
+    raise KeyError("from the dispatch")
+
+  jitted = pt.make_jit_function(target, failing, REG, [], [])
+  with pytest.raises(KeyError, match="from the dispatch"):
+    jitted(1)
+  cycle = Node(None)
+  cycle.x = cycle
+  jitted, _ = make()
+  with pytest.raises(ValueError, match="Node"):
+    jitted(cycle)
+
+
+def test_bad_construction():
+  with pytest.raises(TypeError):
+    pt.make_jit_function(target, Recorder(), object(), [], [])
+  with pytest.raises(TypeError):
+    pt.make_jit_function(target, Recorder(), REG, ["0"], [])
+  with pytest.raises(TypeError):
+    pt.make_jit_function(target, Recorder(), REG, [], [0])
+  with pytest.raises(TypeError):
+    pt.PjitFunction()
+  with pytest.raises(TypeError):
+    pt.DispatchArgs()
+
+
+def test_surface():
+  jitted, _ = make()
+  assert repr(jitted) == "<PjitFunction>"  # No __wrapped__ yet.
+  jitted.__wrapped__ = target
+  assert repr(jitted) == f"<PjitFunction of {target!r}>"
+  assert inspect.signature(jitted) == inspect.signature(target)
+  assert jitted.__getstate__()["fun"] is target
+  assert jitted == jitted and jitted != make()[0]
+  assert hash(jitted) == hash(jitted)
+
+  class Owner:
+    method = jitted
+
+  owner = Owner()
+  bound = owner.method
+  assert bound.__self__ is owner and bound.__func__ is jitted
+  assert Owner.method is jitted
+
+
+def test_weak_references_and_cycles():
+  jitted, dispatch = make()
+  ref = weakref.ref(jitted)
+  del jitted
+  gc.collect()
+  assert ref() is None
+
+  class Model:
+    def apply(self, x):
+      return x
+
+  model = Model()
+  model.jitted, _ = make(fun=model.apply)
+  model.jitted.__wrapped__ = model.apply
+  model_ref = weakref.ref(model)
+  del model
+  gc.collect()
+  assert model_ref() is None
+
+
+def test_no_reference_leaks():
+  jitted, dispatch = make(static_argnums=(1,), static_argnames=("mode",))
+  node = Node(1)
+  static = object()
+  jitted(node, static, node, mode="x")
+  dispatch.calls.clear()
+  before = (sys.getrefcount(node), sys.getrefcount(static))
+  for _ in range(100):
+    jitted(node, static, node, mode="x")
+  dispatch.calls.clear()
+  assert (sys.getrefcount(node), sys.getrefcount(static)) == before
