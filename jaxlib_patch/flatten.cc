@@ -47,6 +47,8 @@ namespace {
 // DeprecationWarning, unless an is_leaf predicate claimed them.
 void WarnIfIterableLeaf(nb::handle obj) {
   PyTypeObject* type = Py_TYPE(obj.ptr());
+  // Most leaves (arrays, numbers) are no iterators: two compares.
+  if (type->tp_iternext == nullptr && type != &PyDictValues_Type) return;
   const bool deprecated =
       type == &PyDictValues_Type ||
       (PyIter_Check(obj.ptr()) &&
