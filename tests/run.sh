@@ -13,7 +13,8 @@
 #      UndefinedBehaviorSanitizer (tests/sanitize.sh) and its tests under them;
 #   4. the custom jaxlib wheel for each Python and the jax wheel, from one
 #      build/build.py run (which fails unless `auditwheel show` accepts each
-#      jaxlib wheel's manylinux tag);
+#      jaxlib wheel's manylinux tag), then the module's tests against the
+#      module of the first Python's wheel (zig's build);
 #   5. per Python, the wheels installed in a second virtual environment, then
 #      the JAX-level tests (tests/jax) and the demo against them.
 # The first Python's venvs are $JAXLIB_PATCH_VENV and $JAXLIB_PATCH_JAX_VENV
@@ -109,6 +110,20 @@ dist=$root/dist
 "$first_venv/bin/python" build/build.py --no-selfcheck --dist "$dist" \
   --python "$(IFS=,; echo "${found[*]}")"
 
+# The module as the wheel ships it (zig's build, not gcc's): the module's
+# tests against it, on the first Python.
+wheel_module=$root/build/wheel_module
+rm -rf "$wheel_module"
+"$first_venv/bin/python" - "$(ls -t "$dist"/jaxlib-*+*-cp${first/./}-*.whl | head -n 1)" \
+    "$wheel_module" <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as wheel:
+    wheel.extractall(sys.argv[2], [name for name in wheel.namelist()
+                                   if name.startswith("jaxlib_patch/")])
+PY
+PYTHONPATH="$wheel_module" JAXLIB_PATCH_EXPECT="$wheel_module" \
+  run_suite "wheel's (zig, Python $first)" "$first_venv" "$@"
+
 jax_venv_default=${JAXLIB_PATCH_JAX_VENV:-$root/.venv-jax}
 for version in "${found[@]}"; do
   jax_venv=$(venv_of "$version" "$jax_venv_default")
@@ -116,10 +131,12 @@ for version in "${found[@]}"; do
   step "Python $version: the custom wheels in $jax_venv, then the JAX-level tests"
   [ -x "$jax_venv/bin/python" ] || "${interpreter[$version]}" -m venv "$jax_venv"
   "$jax_venv/bin/python" -m pip install -q --upgrade pip
-  "$jax_venv/bin/python" -m pip install -q --force-reinstall \
-    "$(ls -t "$dist"/jax-*+*-py3-none-any.whl | head -n 1)" \
-    "$(ls -t "$dist"/jaxlib-*+*-"$tag"-*.whl | head -n 1)"
-  "$jax_venv/bin/python" -m pip install -q -r tests/jax/requirements.txt
+  wheels=("$(ls -t "$dist"/jax-*+*-py3-none-any.whl | head -n 1)"
+          "$(ls -t "$dist"/jaxlib-*+*-"$tag"-*.whl | head -n 1)")
+  "$jax_venv/bin/python" -m pip install -q --force-reinstall --no-deps "${wheels[@]}"
+  # The wheels again beside the requirements: pip must choose equinox and
+  # flax versions that keep them (the newest flax would pull a newer jax).
+  "$jax_venv/bin/python" -m pip install -q "${wheels[@]}" -r tests/jax/requirements.txt
   # Stock jax's reference numbers (peer libraries) and the install-time pin
   # checks use the module tests' venv of the same Python, which holds stock
   # jax and jaxlib.
