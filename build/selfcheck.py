@@ -37,7 +37,7 @@ def check_install(version: str, label: str) -> None:
 
 
 def check_relative_identities() -> bool:
-    """SPEC.md's Parent/Child example through jax.tree.map; False if not available."""
+    """The README's Parent/Child example through jax.tree.map; False if not available."""
     import jax
     import numpy as np
 
