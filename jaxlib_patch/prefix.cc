@@ -20,7 +20,7 @@
 
 #include <unordered_set>
 
-#include "jaxlib_patch/identity_scope.h"
+#include "jaxlib_patch/recursion_guard.h"
 #include "jaxlib_patch/keys.h"
 #include "jaxlib_patch/pytree.h"
 
