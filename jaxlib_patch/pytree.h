@@ -31,6 +31,8 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include "jaxlib_patch/text.h"
+
 namespace jaxlib_patch {
 
 namespace nb = nanobind;
@@ -297,19 +299,9 @@ nb::object WrapTreeDef(PyTreeDef&& treedef);
 // Raises TypeError unless `obj` is a PyTreeDef; returns it.
 const PyTreeDef& CastTreeDef(nb::handle obj);
 
-// Python text as UTF-8, for reprs and messages. Lone surrogates (legal in a
-// Python str, not in UTF-8) pass through, so no key or type name can make a
-// repr fail; FromUtf8 turns such text back into a Python str.
-std::string Str(nb::handle obj);
-std::string Repr(nb::handle obj);
-nb::str FromUtf8(const std::string& text);
-
 // Sets the Python error for a C++ exception caught (`catch (...)`) at a C API
 // entry point, as nanobind does for bound functions.
 void SetPythonErrorFromException();
-
-// The `__name__` of a type, used by repr and errors.
-std::string TypeName(nb::handle type);
 
 // Sorts a dict's keys the way every operation here orders them.
 nb::list SortedDictKeys(nb::handle dict);

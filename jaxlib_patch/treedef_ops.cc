@@ -43,14 +43,6 @@ nb::object TypeOf(const Node& node) {
 
 }  // namespace
 
-static std::string Utf8(nb::handle text) {
-  nb::object bytes = nb::steal(
-      PyUnicode_AsEncodedString(text.ptr(), "utf-8", "surrogatepass"));
-  if (!bytes.is_valid()) throw nb::python_error();
-  return std::string(PyBytes_AS_STRING(bytes.ptr()),
-                     PyBytes_GET_SIZE(bytes.ptr()));
-}
-
 // Sets the Python error for a C++ exception thrown below a C API entry point,
 // as nanobind does for bound functions.
 void SetPythonErrorFromException() {
@@ -78,17 +70,6 @@ void SetPythonErrorFromException() {
     PyErr_SetString(PyExc_RuntimeError, error.what());
   }
 }
-
-std::string Str(nb::handle obj) { return Utf8(nb::str(obj)); }
-std::string Repr(nb::handle obj) { return Utf8(nb::repr(obj)); }
-
-nb::str FromUtf8(const std::string& text) {
-  PyObject* str = PyUnicode_DecodeUTF8(text.data(), text.size(), "surrogatepass");
-  if (str == nullptr) throw nb::python_error();
-  return nb::steal<nb::str>(str);
-}
-
-std::string TypeName(nb::handle type) { return Str(type.attr("__name__")); }
 
 const PyTreeDef& CastTreeDef(nb::handle obj) {
   if (!nb::isinstance<PyTreeDef>(obj)) {
