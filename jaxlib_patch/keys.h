@@ -30,6 +30,9 @@ nb::object MakeDictKey(nb::handle key);
 nb::object MakeGetAttrKey(nb::handle name);
 nb::object MakeFlattenedIndexKey(Py_ssize_t key);
 
+// The GC slots of the DictKey type (gc.cc).
+extern PyType_Slot dict_key_gc_slots[];
+
 void BindKeys(nb::module_& m);
 
 }  // namespace jaxlib_patch

@@ -244,7 +244,7 @@ class PyTreeDef {
   static nb::object DeserializeUsingProto(
       nb::handle_t<PyTreeRegistry> registry_ref, nb::bytes data);
 
-  // --- GC support (module.cc)
+  // --- gc.cc
   int Traverse(visitproc visit, void* arg) const;
   void Clear();
 
@@ -292,6 +292,10 @@ class PyTreeDef {
 // Whether `obj` is a stock jaxlib._jax.pytree.PyTreeDef: jit's dispatch
 // registry, a stock one, makes those.
 bool IsStockTreeDef(nb::handle obj);
+
+// The GC slots of the PyTreeDef and PyTreeRegistry types (gc.cc).
+extern PyType_Slot treedef_gc_slots[];
+extern PyType_Slot registry_gc_slots[];
 
 // Wraps a PyTreeDef built in C++ into its Python object.
 nb::object WrapTreeDef(PyTreeDef&& treedef);
