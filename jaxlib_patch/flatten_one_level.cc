@@ -104,7 +104,7 @@ nb::object FlattenOneLevelImpl(const PyTreeRegistry& registry,
       }
     }
   }
-  throw std::logic_error("Unknown PyTreeKind");
+  JAXLIB_PATCH_INTERNAL_ERROR("Unknown PyTreeKind");
 }
 
 }  // namespace

@@ -102,9 +102,7 @@ nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
   // agenda holds the objects still to match, the next one on top.
   for (Py_ssize_t i = traversal_.size() - 1; i >= 0; --i) {
     const Node& node = traversal_[i];
-    if (agenda.empty()) {
-      throw std::logic_error("Agenda underflow in flatten_up_to");
-    }
+    JAXLIB_PATCH_EXPECT(!agenda.empty(), "Agenda underflow in flatten_up_to");
     nb::object object = std::move(agenda.back());
     agenda.pop_back();
     if (PreservesIdentity(node.custom)) {
@@ -223,9 +221,8 @@ nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
       }
     }
   }
-  if (!agenda.empty() || leaf != -1) {
-    throw std::logic_error("Tree did not match the PyTreeDef's node count");
-  }
+  JAXLIB_PATCH_EXPECT(agenda.empty() && leaf == -1,
+                      "Tree did not match the PyTreeDef's node count");
   return leaves;
 }
 

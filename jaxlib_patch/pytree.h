@@ -31,6 +31,7 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include "jaxlib_patch/exceptions.h"
 #include "jaxlib_patch/text.h"
 
 namespace jaxlib_patch {
@@ -302,10 +303,6 @@ nb::object WrapTreeDef(PyTreeDef&& treedef);
 
 // Raises TypeError unless `obj` is a PyTreeDef; returns it.
 const PyTreeDef& CastTreeDef(nb::handle obj);
-
-// Sets the Python error for a C++ exception caught (`catch (...)`) at a C API
-// entry point, as nanobind does for bound functions.
-void SetPythonErrorFromException();
 
 // Sorts a dict's keys the way every operation here orders them.
 nb::list SortedDictKeys(nb::handle dict);

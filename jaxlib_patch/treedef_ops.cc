@@ -2,8 +2,6 @@
 // node_data, compose, from_node_data_and_children, treedef_tuple, validation.
 
 #include <atomic>
-#include <exception>
-#include <new>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -38,38 +36,10 @@ nb::object TypeOf(const Node& node) {
     case PyTreeKind::kDataclass:
       return node.custom->type;
   }
-  throw std::logic_error("Unknown PyTreeKind");
+  JAXLIB_PATCH_INTERNAL_ERROR("Unknown PyTreeKind");
 }
 
 }  // namespace
-
-// Sets the Python error for a C++ exception thrown below a C API entry point,
-// as nanobind does for bound functions.
-void SetPythonErrorFromException() {
-  try {
-    throw;
-  } catch (nb::python_error& error) {
-    error.restore();
-  } catch (const nb::builtin_exception& error) {
-    PyObject* type = PyExc_RuntimeError;
-    switch (error.type()) {
-      case nb::exception_type::stop_iteration: type = PyExc_StopIteration; break;
-      case nb::exception_type::index_error: type = PyExc_IndexError; break;
-      case nb::exception_type::key_error: type = PyExc_KeyError; break;
-      case nb::exception_type::value_error: type = PyExc_ValueError; break;
-      case nb::exception_type::type_error: type = PyExc_TypeError; break;
-      case nb::exception_type::buffer_error: type = PyExc_BufferError; break;
-      case nb::exception_type::import_error: type = PyExc_ImportError; break;
-      case nb::exception_type::attribute_error: type = PyExc_AttributeError; break;
-      default: break;
-    }
-    PyErr_SetString(type, error.what());
-  } catch (const std::bad_alloc&) {
-    PyErr_NoMemory();
-  } catch (const std::exception& error) {
-    PyErr_SetString(PyExc_RuntimeError, error.what());
-  }
-}
 
 const PyTreeDef& CastTreeDef(nb::handle obj) {
   if (!nb::isinstance<PyTreeDef>(obj)) {
