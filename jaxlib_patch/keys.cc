@@ -63,7 +63,7 @@ void BindKeys(nb::module_& m) {
              return "SequenceKey(idx=" + std::to_string(k.idx) + ")";
            })
       .def("__hash__", [](const SequenceKey& k) {
-        return nb::hash(nb::int_(k.idx + 1));
+        return nb::hash(nb::int_(k.idx + SequenceKey::kHashSalt));
       });
   BindCommon(sequence_key, "idx", &SequenceKey::idx);
 
@@ -106,7 +106,7 @@ void BindKeys(nb::module_& m) {
              return "FlattenedIndexKey(key=" + std::to_string(k.key) + ")";
            })
       .def("__hash__", [](const FlattenedIndexKey& k) {
-        return nb::hash(nb::int_(k.key + 42));
+        return nb::hash(nb::int_(k.key + FlattenedIndexKey::kHashSalt));
       });
   BindCommon(flattened_index_key, "key", &FlattenedIndexKey::key);
 }

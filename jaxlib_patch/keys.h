@@ -10,6 +10,9 @@ namespace jaxlib_patch {
 
 // Indices are C ints, as in stock jaxlib (which bounds them the same way).
 struct SequenceKey {
+  // Stock's hash is that of `idx + kHashSalt`; equal keys of the two modules
+  // hash alike.
+  static constexpr int kHashSalt = 1;
   int idx;
 };
 
@@ -22,6 +25,8 @@ struct GetAttrKey {
 };
 
 struct FlattenedIndexKey {
+  // As SequenceKey's, with stock's salt for this class.
+  static constexpr int kHashSalt = 42;
   int key;
 };
 

@@ -141,6 +141,27 @@ struct Node {
   bool is_reference() const { return shared_distance != 0; }
 };
 
+// Mixes `value` into `seed` (boost's hash_combine).
+inline size_t HashCombine(size_t seed, size_t value) {
+  // 2^64 divided by the golden ratio: its bits, irregular and half set,
+  // spread consecutive values over the whole range.
+  constexpr size_t kGoldenRatio = 0x9e3779b97f4a7c15ULL;
+  return seed ^ (value + kGoldenRatio + (seed << 6) + (seed >> 2));
+}
+
+// Mixes what PyTreeDef::Hash takes of `node` into `seed`: what NodesEqual
+// compares, and the sharing, except the node data, which need not be
+// hashable (equal treedefs still hash alike).
+inline size_t HashNode(size_t seed, const Node& node) {
+  seed = HashCombine(seed, static_cast<size_t>(node.kind));
+  seed = HashCombine(seed, node.arity);
+  seed = HashCombine(seed, node.custom == nullptr
+                               ? 0
+                               : reinterpret_cast<uintptr_t>(
+                                     node.custom->type.ptr()));
+  return HashCombine(seed, node.shared_distance);
+}
+
 // Whether two nodes are the same kind of node with equal node data (their
 // sharing aside, and whichever registries made them): what treedef equality
 // compares per position, and what a tree prefix must match.
@@ -172,8 +193,8 @@ class PyTreeDef {
   };
   struct NodeKeyHash {
     size_t operator()(const NodeKey& key) const {
-      return std::hash<uint64_t>()(key.origin) * 31 +
-             std::hash<Py_ssize_t>()(key.index);
+      return HashCombine(std::hash<uint64_t>()(key.origin),
+                         std::hash<Py_ssize_t>()(key.index));
     }
   };
 

@@ -14,10 +14,6 @@ namespace jaxlib_patch {
 namespace {
 
 
-size_t HashCombine(size_t seed, size_t value) {
-  return seed ^ (value + 0x9e3779b97f4a7c15ULL + (seed << 6) + (seed >> 2));
-}
-
 nb::object TypeOf(const Node& node) {
   switch (node.kind) {
     case PyTreeKind::kLeaf:
@@ -110,18 +106,8 @@ bool PyTreeDef::Equals(const PyTreeDef& other) const {
 }
 
 size_t PyTreeDef::Hash() const {
-  // Node data is left out: it need not be hashable, and equal treedefs still
-  // hash alike.
   size_t hash = traversal_.size();
-  for (const Node& node : traversal_) {
-    hash = HashCombine(hash, static_cast<size_t>(node.kind));
-    hash = HashCombine(hash, node.arity);
-    hash = HashCombine(hash, node.custom == nullptr
-                                 ? 0
-                                 : reinterpret_cast<uintptr_t>(
-                                       node.custom->type.ptr()));
-    hash = HashCombine(hash, node.shared_distance);
-  }
+  for (const Node& node : traversal_) hash = HashNode(hash, node);
   return hash;
 }
 
