@@ -205,6 +205,8 @@ class PyTreeDef {
   static std::pair<nb::list, nb::object> Flatten(
       nb::handle registry, nb::handle tree,
       const std::optional<nb::callable>& leaf_predicate);
+
+  // --- flatten_up_to.cc
   nb::list FlattenUpTo(nb::handle tree) const;
 
   // --- unflatten.cc
@@ -354,7 +356,8 @@ bool SameDictKeys(const std::vector<nb::object>& keys, size_t size,
 // A dict node's keys from a list or tuple of them (pickles, node_data).
 std::vector<nb::object> DictKeysFrom(nb::handle sequence);
 
-// PyTreeRegistry.flatten_one_level(_with_keys) and all_leaves.
+// PyTreeRegistry.flatten_one_level(_with_keys) and all_leaves
+// (flatten_one_level.cc).
 nb::object FlattenOneLevel(const PyTreeRegistry& registry, nb::handle tree);
 nb::object FlattenOneLevelWithKeys(const PyTreeRegistry& registry,
                                    nb::handle tree);
