@@ -1,35 +1,16 @@
-// Flattening: PyTreeRegistry.flatten / flatten_with_path and
-// PyTreeDef.flatten_up_to.
+// Flattening: PyTreeRegistry.flatten / flatten_with_path, and the taking
+// apart of one node that the other flattens share (flatten_common.h).
 
-#include <pthread.h>
-
-#include <algorithm>
 #include <string>
 #include <utility>
 
+#include "jaxlib_patch/flatten_common.h"
 #include "jaxlib_patch/identity_scope.h"
 #include "jaxlib_patch/keys.h"
 #include "jaxlib_patch/pytree.h"
+#include "jaxlib_patch/recursion_guard.h"
 
 namespace jaxlib_patch {
-
-uintptr_t RecursionGuard::StackLimit() {
-  // Computed once per thread. A quarter of the stack (at least 64 KiB, at
-  // most half of a small stack) is kept free for the Python code that
-  // flatten functions run at the deepest level.
-  static thread_local uintptr_t limit = [] {
-    pthread_attr_t attr;
-    void* base = nullptr;
-    size_t size = 0;
-    if (pthread_getattr_np(pthread_self(), &attr) != 0) return uintptr_t{0};
-    pthread_attr_getstack(&attr, &base, &size);
-    pthread_attr_destroy(&attr);
-    const size_t reserve =
-        std::min<size_t>(std::max<size_t>(size / 4, 64 << 10), size / 2);
-    return reinterpret_cast<uintptr_t>(base) + reserve;
-  }();
-  return limit;
-}
 
 std::string CycleMessage(nb::handle obj) {
   return "Cannot flatten an object of type " +
@@ -81,6 +62,8 @@ bool PredicateSaysLeaf(nb::handle result) {
                          Repr(result) + "; expected a boolean")
                             .c_str());
 }
+
+}  // namespace
 
 // Unpacks what a custom node's to_iterable returned: (children, aux_data).
 std::pair<nb::object, nb::object> UnpackChildrenAndAux(nb::handle result,
@@ -142,19 +125,6 @@ nb::object FieldKey(nb::handle fields, Py_ssize_t i) {
   return MakeGetAttrKey(name);
 }
 
-// The tuple of a dataclass node's meta field values.
-nb::object MetaFields(nb::handle obj,
-                      const PyTreeRegistry::Registration& registration);
-
-// Calls `visit(item)` for each item an iterator yields.
-template <typename Visit>
-void ForEach(nb::handle iterator, Visit&& visit) {
-  while (PyObject* item = PyIter_Next(iterator.ptr())) {
-    visit(nb::steal(item));
-  }
-  if (PyErr_Occurred()) throw nb::python_error();
-}
-
 nb::object GetAttr(nb::handle obj, const nb::str& name) {
   PyObject* value = PyObject_GetAttr(obj.ptr(), name.ptr());
   if (value == nullptr) throw nb::python_error();
@@ -170,6 +140,8 @@ nb::object MetaFields(nb::handle obj,
   }
   return meta;
 }
+
+namespace {
 
 template <bool kWithPath>
 class Flattener {
@@ -404,353 +376,6 @@ nb::list SortedDictKeys(nb::handle dict) {
                    "dictionary keys.");
   }
   return keys;
-}
-
-// ---------------------------------------------------------------------------
-// flatten_up_to
-
-namespace {
-
-// Checks that the tree given to flatten_up_to shares opted-in nodes exactly
-// where the treedef does. Every opted-in position has a canonical index: its
-// own for a first occurrence, its target's for a reference.
-class SharingChecker {
- public:
-  explicit SharingChecker(const PyTreeDef& treedef)
-      : treedef_(treedef), claims_(treedef.traversal().size()) {}
-
-  void Check(nb::handle obj, Py_ssize_t position) {
-    const Node& node = treedef_.traversal()[position];
-    const Py_ssize_t canonical = position - node.shared_distance;
-    if (canonical < 0) {
-      throw nb::value_error(
-          ("Cannot flatten up to a PyTreeDef whose node at " +
-           treedef_.PathTo(position) +
-           " refers to a shared node outside of it.")
-              .c_str());
-    }
-    auto [owner, new_object] = owner_.try_emplace(obj.ptr(), canonical);
-    if (!new_object && owner->second != canonical) {
-      throw nb::value_error(
-          ("PyTree sharing mismatch: the tree holds the same " +
-           TypeName(nb::handle(reinterpret_cast<PyObject*>(
-               Py_TYPE(obj.ptr())))) +
-           " object at " + treedef_.PathTo(position) + " and at " +
-           treedef_.PathTo(claims_[owner->second].position) +
-           ", where the PyTreeDef has two separate nodes.")
-              .c_str());
-    }
-    Claim& claim = claims_[canonical];
-    if (!claim.object.is_valid()) {
-      claim = Claim{nb::borrow(obj), position};
-    } else if (!claim.object.is(obj)) {
-      throw nb::value_error(
-          ("PyTree sharing mismatch: the PyTreeDef shares the node at " +
-           treedef_.PathTo(position) + " with the one at " +
-           treedef_.PathTo(claim.position) +
-           ", but the tree holds different objects there.")
-              .c_str());
-    }
-  }
-
- private:
-  const PyTreeDef& treedef_;
-  // Which canonical index each object met so far stands for.
-  tsl::robin_map<PyObject*, Py_ssize_t> owner_;
-  // By canonical index: the object expected there, and the position that
-  // first showed it. Also keeps the objects alive, so no id is reused.
-  struct Claim {
-    nb::object object;
-    Py_ssize_t position = 0;
-  };
-  std::vector<Claim> claims_;
-};
-
-[[noreturn]] void ThrowMismatch(const std::string& message) {
-  throw nb::value_error(message.c_str());
-}
-
-// Checks a tuple, list or namedtuple against its node, in stock's words.
-void CheckSequence(nb::handle object, Py_ssize_t arity, bool right_type,
-                   const char* type_name, const char* arity_label,
-                   const char* value_label) {
-  if (!right_type) {
-    ThrowMismatch(std::string("Expected ") + type_name + ", got " +
-                  Repr(object) + ".");
-  }
-  const Py_ssize_t size = PySequence_Fast_GET_SIZE(object.ptr());
-  if (size != arity) {
-    ThrowMismatch(std::string(arity_label) + " arity mismatch: " +
-                  std::to_string(size) + " != " + std::to_string(arity) +
-                  "; " + value_label + ": " + Repr(object) + ".");
-  }
-}
-
-}  // namespace
-
-nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
-  const Py_ssize_t total_leaves = num_leaves();
-  nb::list leaves = nb::steal<nb::list>(PyList_New(total_leaves));
-  Py_ssize_t leaf = total_leaves - 1;
-  std::vector<nb::object> agenda;
-  agenda.push_back(nb::borrow(tree));
-  std::optional<SharingChecker> sharing;
-
-  // Walks the traversal backwards: a pre-order walk from the right, so the
-  // agenda holds the objects still to match, the next one on top.
-  for (Py_ssize_t i = traversal_.size() - 1; i >= 0; --i) {
-    const Node& node = traversal_[i];
-    if (agenda.empty()) {
-      throw std::logic_error("Agenda underflow in flatten_up_to");
-    }
-    nb::object object = std::move(agenda.back());
-    agenda.pop_back();
-    if (PreservesIdentity(node.custom)) {
-      if (!sharing) sharing.emplace(*this);
-      sharing->Check(object, i);
-      if (node.is_reference()) continue;
-    }
-    auto push_items = [&](nb::handle sequence) {
-      for (Py_ssize_t k = 0; k < node.arity; ++k) {
-        agenda.push_back(
-            nb::borrow(PySequence_Fast_GET_ITEM(sequence.ptr(), k)));
-      }
-    };
-    switch (node.kind) {
-      case PyTreeKind::kLeaf:
-        PyList_SET_ITEM(leaves.ptr(), leaf--, object.release().ptr());
-        break;
-      case PyTreeKind::kNone:
-        if (!object.is_none()) {
-          ThrowMismatch(
-              "Expected None, got " + Repr(object) +
-              ".\n\nIn previous releases of JAX, flatten-up-to used to "
-              "consider None to be a tree-prefix of non-None values. To "
-              "obtain the previous behavior, you can usually write:\n"
-              "  jax.tree.map(lambda x, y: None if x is None else f(x, y), "
-              "a, b, is_leaf=lambda x: x is None)");
-        }
-        break;
-      case PyTreeKind::kTuple:
-        CheckSequence(object, node.arity, PyTuple_CheckExact(object.ptr()),
-                      "tuple", "Tuple", "tuple");
-        push_items(object);
-        break;
-      case PyTreeKind::kList:
-        CheckSequence(object, node.arity, PyList_CheckExact(object.ptr()),
-                      "list", "List", "list");
-        push_items(object);
-        break;
-      case PyTreeKind::kDict: {
-        if (!PyDict_CheckExact(object.ptr())) {
-          ThrowMismatch("Expected dict, got " + Repr(object) + ".");
-        }
-        nb::list keys = SortedDictKeys(object);
-        if (!SameDictKeys(node.dict_keys, PyList_GET_SIZE(keys.ptr()),
-                          [&](size_t i) {
-                            return PyList_GET_ITEM(keys.ptr(), i);
-                          })) {
-          ThrowMismatch("Dict key mismatch; expected keys: " +
-                        Repr(ExportedNodeData(node)) + "; present keys: " +
-                        Repr(keys) + ".");
-        }
-        for (nb::handle key : keys) {
-          // Keys' __hash__/__eq__ may raise, or change the dict.
-          PyObject* value = PyDict_GetItemWithError(object.ptr(), key.ptr());
-          if (value == nullptr) {
-            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key.ptr());
-            throw nb::python_error();
-          }
-          agenda.push_back(nb::borrow(value));
-        }
-        break;
-      }
-      case PyTreeKind::kNamedTuple:
-        CheckSequence(object, node.arity,
-                      PyTuple_Check(object.ptr()) &&
-                          nb::hasattr(object, "_fields"),
-                      "named tuple", "Named tuple", "tuple");
-        if (!node.node_data.is(nb::handle(
-                reinterpret_cast<PyObject*>(Py_TYPE(object.ptr()))))) {
-          ThrowMismatch("Named tuple type mismatch: expected type: " +
-                        Repr(node.node_data) + ", tuple: " + Repr(object) +
-                        ".");
-        }
-        push_items(object);
-        break;
-      case PyTreeKind::kCustom:
-      case PyTreeKind::kDataclass: {
-        const bool dataclass = node.kind == PyTreeKind::kDataclass;
-        const PyTreeRegistry::Registration* custom =
-            registry()->Lookup(Py_TYPE(object.ptr()));
-        if (custom == nullptr || custom->type.not_equal(node.custom->type)) {
-          ThrowMismatch(std::string(dataclass ? "Custom dataclass" : "Custom") +
-                        " node type mismatch: expected type: " +
-                        Repr(node.custom->type) + ", value: " + Repr(object) +
-                        ".");
-        }
-        std::vector<nb::object> children;
-        nb::object node_data;
-        if (dataclass) {
-          node_data = MetaFields(object, *custom);
-          for (const nb::str& field : custom->data_fields) {
-            children.push_back(GetAttr(object, field));
-          }
-        } else {
-          auto [iterator, aux] =
-              UnpackChildrenAndAux(custom->to_iterable(object), false);
-          node_data = std::move(aux);
-          ForEach(iterator, [&](nb::object child) {
-            children.push_back(std::move(child));
-          });
-        }
-        if (node.node_data.not_equal(node_data)) {
-          ThrowMismatch(std::string(dataclass ? "Mismatch custom dataclass"
-                                              : "Mismatch custom") +
-                        " node data: " + Repr(node.node_data) + " != " +
-                        Repr(node_data) + "; value: " + Repr(object) + ".");
-        }
-        if (static_cast<Py_ssize_t>(children.size()) != node.arity) {
-          ThrowMismatch("Custom type arity mismatch: " +
-                        std::to_string(children.size()) + " != " +
-                        std::to_string(node.arity) + "; value: " +
-                        Repr(object) + ".");
-        }
-        for (nb::object& child : children) agenda.push_back(std::move(child));
-        break;
-      }
-    }
-  }
-  if (!agenda.empty() || leaf != -1) {
-    throw std::logic_error("Tree did not match the PyTreeDef's node count");
-  }
-  return leaves;
-}
-
-}  // namespace jaxlib_patch
-
-// ---------------------------------------------------------------------------
-// One level at a time: flatten_one_level(_with_keys) and all_leaves.
-
-namespace jaxlib_patch {
-
-namespace {
-
-// The (key, child) pairs of `children` as a list, keyed by `make_key(i)`.
-template <typename MakeKey>
-nb::list PairsWithKeys(nb::handle children, MakeKey&& make_key) {
-  nb::list pairs;
-  Py_ssize_t i = 0;
-  for (nb::handle child : nb::iter(children)) {
-    pairs.append(nb::make_tuple(make_key(i++), child));
-  }
-  return pairs;
-}
-
-template <bool kWithKeys>
-nb::object FlattenOneLevelImpl(const PyTreeRegistry& registry,
-                               nb::handle tree) {
-  const PyTreeRegistry::Registration* custom = nullptr;
-  switch (registry.KindOfObject(tree, &custom)) {
-    case PyTreeKind::kLeaf:
-      return nb::none();
-    case PyTreeKind::kNone:
-      return nb::make_tuple(nb::tuple(), nb::none());
-    case PyTreeKind::kTuple:
-    case PyTreeKind::kList:
-      if constexpr (kWithKeys) {
-        return nb::make_tuple(
-            nb::tuple(PairsWithKeys(tree, MakeSequenceKey)), nb::none());
-      } else {
-        return nb::make_tuple(tree, nb::none());
-      }
-    case PyTreeKind::kNamedTuple: {
-      nb::handle type(reinterpret_cast<PyObject*>(Py_TYPE(tree.ptr())));
-      if constexpr (kWithKeys) {
-        nb::object fields = NamedTupleFields(tree);
-        return nb::make_tuple(
-            PairsWithKeys(tree, [&](Py_ssize_t i) {
-              return FieldKey(fields, i);
-            }),
-            type);
-      } else {
-        return nb::make_tuple(nb::list(tree), type);
-      }
-    }
-    case PyTreeKind::kDict: {
-      nb::list keys = SortedDictKeys(tree);
-      nb::list values;
-      for (nb::handle key : keys) values.append(tree[key]);
-      if constexpr (kWithKeys) {
-        nb::list pairs = PairsWithKeys(
-            values, [&](Py_ssize_t i) { return MakeDictKey(keys[i]); });
-        return nb::make_tuple(nb::tuple(pairs), nb::tuple(keys));
-      } else {
-        return nb::make_tuple(nb::tuple(values), nb::tuple(keys));
-      }
-    }
-    case PyTreeKind::kCustom: {
-      if (kWithKeys && !custom->to_iterable_with_keys.is_none()) {
-        auto [iterator, aux] =
-            UnpackChildrenAndAux(custom->to_iterable_with_keys(tree), true);
-        nb::list pairs;
-        ForEach(iterator, [&](nb::object pair) {
-          CheckKeyChildPair(pair);
-          pairs.append(pair);
-        });
-        return nb::make_tuple(pairs, aux);
-      }
-      nb::object result = custom->to_iterable(tree);
-      if constexpr (kWithKeys) {
-        auto [children, aux] = UnpackChildrenAndAux(result, false);
-        return nb::make_tuple(PairsWithKeys(children, MakeFlattenedIndexKey),
-                              aux);
-      } else {
-        // The children as the flatten function gave them (a generator stays
-        // a generator), once checked to be iterable, as in stock jaxlib.
-        auto [iterator, aux] = UnpackChildrenAndAux(result, false);
-        return nb::make_tuple(nb::handle(PyTuple_GET_ITEM(result.ptr(), 0)),
-                              aux);
-      }
-    }
-    case PyTreeKind::kDataclass: {
-      nb::object meta = MetaFields(tree, *custom);
-      nb::list values;
-      for (const nb::str& field : custom->data_fields) {
-        values.append(GetAttr(tree, field));
-      }
-      if constexpr (kWithKeys) {
-        return nb::make_tuple(
-            PairsWithKeys(values,
-                          [&](Py_ssize_t i) {
-                            return MakeGetAttrKey(custom->data_fields[i]);
-                          }),
-            meta);
-      } else {
-        return nb::make_tuple(values, meta);
-      }
-    }
-  }
-  throw std::logic_error("Unknown PyTreeKind");
-}
-
-}  // namespace
-
-nb::object FlattenOneLevel(const PyTreeRegistry& registry, nb::handle tree) {
-  return FlattenOneLevelImpl<false>(registry, tree);
-}
-
-nb::object FlattenOneLevelWithKeys(const PyTreeRegistry& registry,
-                                   nb::handle tree) {
-  return FlattenOneLevelImpl<true>(registry, tree);
-}
-
-bool AllLeaves(const PyTreeRegistry& registry, nb::iterable objects) {
-  for (nb::handle obj : objects) {
-    const PyTreeRegistry::Registration* custom = nullptr;
-    if (registry.KindOfObject(obj, &custom) != PyTreeKind::kLeaf) return false;
-  }
-  return true;
 }
 
 }  // namespace jaxlib_patch

@@ -3,7 +3,6 @@
 #ifndef JAXLIB_PATCH_IDENTITY_SCOPE_H_
 #define JAXLIB_PATCH_IDENTITY_SCOPE_H_
 
-#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -37,30 +36,6 @@ class IdentityScope {
   // entry, which matters on the hot path of every opted-in node.
   tsl::robin_map<PyObject*, Py_ssize_t> index_of_;
   std::vector<nb::object> alive_;
-};
-
-// Bounds the C++ recursion of the recursive operations: by Python's recursion
-// limit, like Python code, and by the C stack actually left to this thread,
-// so that no recursion limit set by the user (nor a thread with a small
-// stack, nor a sanitizer's larger frames) can overflow it.
-class RecursionGuard {
- public:
-  explicit RecursionGuard(const char* where) {
-    char here;
-    if (reinterpret_cast<uintptr_t>(&here) < StackLimit()) {
-      PyErr_Format(PyExc_RecursionError,
-                   "maximum pytree depth exceeded%s (C stack exhausted)", where);
-      throw nb::python_error();
-    }
-    if (Py_EnterRecursiveCall(where) != 0) throw nb::python_error();
-  }
-  ~RecursionGuard() { Py_LeaveRecursiveCall(); }
-  RecursionGuard(const RecursionGuard&) = delete;
-  RecursionGuard& operator=(const RecursionGuard&) = delete;
-
- private:
-  // The lowest stack address this thread may recurse down to.
-  static uintptr_t StackLimit();
 };
 
 std::string CycleMessage(nb::handle obj);

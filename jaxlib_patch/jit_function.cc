@@ -20,6 +20,7 @@
 #include <new>
 #include <vector>
 
+#include "jaxlib_patch/jit_function.h"
 #include "jaxlib_patch/pytree.h"
 
 namespace jaxlib_patch {
@@ -33,34 +34,8 @@ namespace {
 // dispatch's cache is keyed on the sharing. `args` and `kwargs` are the call's
 // own arguments, static ones included, for the slow path.
 
-struct DispatchArgsObject {
-  PyObject_HEAD
-  nb::object leaves;
-  nb::object treedef;
-  nb::object args;
-  nb::object kwargs;
-};
 
 PyTypeObject* dispatch_args_type = nullptr;
-
-int DispatchArgsTraverse(PyObject* self, visitproc visit, void* arg) {
-  auto* o = reinterpret_cast<DispatchArgsObject*>(self);
-  Py_VISIT(Py_TYPE(self));
-  Py_VISIT(o->leaves.ptr());
-  Py_VISIT(o->treedef.ptr());
-  Py_VISIT(o->args.ptr());
-  Py_VISIT(o->kwargs.ptr());
-  return 0;
-}
-
-int DispatchArgsClear(PyObject* self) {
-  auto* o = reinterpret_cast<DispatchArgsObject*>(self);
-  o->leaves.reset();
-  o->treedef.reset();
-  o->args.reset();
-  o->kwargs.reset();
-  return 0;
-}
 
 void DispatchArgsDealloc(PyObject* self) {
   PyTypeObject* type = Py_TYPE(self);
@@ -137,21 +112,6 @@ PyType_Spec dispatch_args_spec = {
 // ---------------------------------------------------------------------------
 // JitFunction.
 
-struct JitFunctionObject {
-  PyObject_HEAD
-  vectorcallfunc vectorcall;
-  PyObject* dict;      // Owned; the instance __dict__ (functools.wraps).
-  PyObject* weakrefs;  // Managed by CPython.
-  // The user's function; the stock dispatch (a PjitFunction); the tracing
-  // registry. Null only while being built or after tp_clear.
-  nb::object fun;
-  nb::object dispatch;
-  nb::object registry;
-  // As given to jax.jit (a negative index counts from the end of a call's
-  // positional arguments); the names as a tuple of str.
-  std::vector<Py_ssize_t> static_argnums;
-  nb::object static_argnames;
-};
 
 PyTypeObject* jit_function_type = nullptr;
 
@@ -284,27 +244,6 @@ PyObject* JitFunctionVectorcall(PyObject* callable, PyObject* const* args,
     SetPythonErrorFromException();
     return nullptr;
   }
-}
-
-int JitFunctionTraverse(PyObject* self, visitproc visit, void* arg) {
-  auto* o = reinterpret_cast<JitFunctionObject*>(self);
-  Py_VISIT(Py_TYPE(self));
-  Py_VISIT(o->dict);
-  Py_VISIT(o->fun.ptr());
-  Py_VISIT(o->dispatch.ptr());
-  Py_VISIT(o->registry.ptr());
-  Py_VISIT(o->static_argnames.ptr());
-  return 0;
-}
-
-int JitFunctionClear(PyObject* self) {
-  auto* o = reinterpret_cast<JitFunctionObject*>(self);
-  Py_CLEAR(o->dict);
-  o->fun.reset();
-  o->dispatch.reset();
-  o->registry.reset();
-  o->static_argnames.reset();
-  return 0;
 }
 
 void JitFunctionDealloc(PyObject* self) {

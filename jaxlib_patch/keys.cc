@@ -9,24 +9,6 @@ namespace jaxlib_patch {
 
 namespace {
 
-// A DictKey holds any object, so it can be part of a reference cycle.
-int DictKeyTraverse(PyObject* self, visitproc visit, void* arg) {
-  Py_VISIT(Py_TYPE(self));
-  if (!nb::inst_ready(self)) return 0;
-  Py_VISIT(nb::inst_ptr<DictKey>(self)->key.ptr());
-  return 0;
-}
-
-int DictKeyClear(PyObject* self) {
-  nb::inst_ptr<DictKey>(self)->key = nb::none();
-  return 0;
-}
-
-PyType_Slot dict_key_slots[] = {
-    {Py_tp_traverse, reinterpret_cast<void*>(DictKeyTraverse)},
-    {Py_tp_clear, reinterpret_cast<void*>(DictKeyClear)},
-    {0, nullptr}};
-
 // Binds the parts every key class shares: pickling through a one-item tuple,
 // == on the same class, and __match_args__.
 template <typename Key, typename Value, typename Class>
@@ -81,12 +63,12 @@ void BindKeys(nb::module_& m) {
              return "SequenceKey(idx=" + std::to_string(k.idx) + ")";
            })
       .def("__hash__", [](const SequenceKey& k) {
-        return nb::hash(nb::int_(k.idx + 1));
+        return nb::hash(nb::int_(k.idx + SequenceKey::kHashSalt));
       });
   BindCommon(sequence_key, "idx", &SequenceKey::idx);
 
   auto dict_key = nb::class_<DictKey>(m, "DictKey", nb::sig("class DictKey(Hashable)"),
-                                      nb::type_slots(dict_key_slots));
+                                      nb::type_slots(dict_key_gc_slots));
   dict_key.def(nb::init<nb::object>(), nb::arg("key").none())
       .def_ro("key", &DictKey::key)
       .def("__str__",
@@ -124,7 +106,7 @@ void BindKeys(nb::module_& m) {
              return "FlattenedIndexKey(key=" + std::to_string(k.key) + ")";
            })
       .def("__hash__", [](const FlattenedIndexKey& k) {
-        return nb::hash(nb::int_(k.key + 42));
+        return nb::hash(nb::int_(k.key + FlattenedIndexKey::kHashSalt));
       });
   BindCommon(flattened_index_key, "key", &FlattenedIndexKey::key);
 }

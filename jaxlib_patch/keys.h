@@ -10,6 +10,9 @@ namespace jaxlib_patch {
 
 // Indices are C ints, as in stock jaxlib (which bounds them the same way).
 struct SequenceKey {
+  // Stock's hash is that of `idx + kHashSalt`; equal keys of the two modules
+  // hash alike.
+  static constexpr int kHashSalt = 1;
   int idx;
 };
 
@@ -22,6 +25,8 @@ struct GetAttrKey {
 };
 
 struct FlattenedIndexKey {
+  // As SequenceKey's, with stock's salt for this class.
+  static constexpr int kHashSalt = 42;
   int key;
 };
 
@@ -29,6 +34,9 @@ nb::object MakeSequenceKey(Py_ssize_t idx);
 nb::object MakeDictKey(nb::handle key);
 nb::object MakeGetAttrKey(nb::handle name);
 nb::object MakeFlattenedIndexKey(Py_ssize_t key);
+
+// The GC slots of the DictKey type (gc.cc).
+extern PyType_Slot dict_key_gc_slots[];
 
 void BindKeys(nb::module_& m);
 

@@ -15,40 +15,6 @@ namespace jaxlib_patch {
 
 namespace {
 
-// --- Garbage collection. A treedef holds its registry and arbitrary node
-// data, a registry holds the registered types and functions; either can be
-// part of a reference cycle.
-
-int PyTreeDefTraverse(PyObject* self, visitproc visit, void* arg) {
-  Py_VISIT(Py_TYPE(self));
-  if (!nb::inst_ready(self)) return 0;
-  return nb::inst_ptr<PyTreeDef>(self)->Traverse(visit, arg);
-}
-
-int PyTreeDefClear(PyObject* self) {
-  nb::inst_ptr<PyTreeDef>(self)->Clear();
-  return 0;
-}
-
-PyType_Slot treedef_slots[] = {
-    {Py_tp_traverse, reinterpret_cast<void*>(PyTreeDefTraverse)},
-    {Py_tp_clear, reinterpret_cast<void*>(PyTreeDefClear)},
-    {0, nullptr}};
-
-int PyTreeRegistryTraverse(PyObject* self, visitproc visit, void* arg) {
-  Py_VISIT(Py_TYPE(self));
-  if (!nb::inst_ready(self)) return 0;
-  // The instance __dict__ (nb::dynamic_attr) is visited by nanobind's own
-  // handling only when no slot is given, so visit it here.
-  PyObject** dict = _PyObject_GetDictPtr(self);
-  if (dict != nullptr) Py_VISIT(*dict);
-  return nb::inst_ptr<PyTreeRegistry>(self)->Traverse(visit, arg);
-}
-
-PyType_Slot registry_slots[] = {
-    {Py_tp_traverse, reinterpret_cast<void*>(PyTreeRegistryTraverse)},
-    {0, nullptr}};
-
 // The registration flag must be a real bool: `preserve_relative_identities=1`
 // or `="yes"` is almost certainly a mistake.
 bool CheckFlag(nb::handle flag) {
@@ -81,24 +47,6 @@ std::optional<bool> CompareTreeDefs(const PyTreeDef& self, nb::handle other) {
 nb::handle default_registry_ref;
 
 }  // namespace
-
-int PyTreeDef::Traverse(visitproc visit, void* arg) const {
-  Py_VISIT(registry_ref_.ptr());
-  for (const Node& node : traversal_) {
-    Py_VISIT(node.node_data.ptr());
-    for (const nb::object& key : node.dict_keys) Py_VISIT(key.ptr());
-  }
-  return 0;
-}
-
-void PyTreeDef::Clear() {
-  // Only ever called on garbage: leave an empty treedef behind that every
-  // method rejects instead of touching freed objects.
-  traversal_.clear();
-  provenance_.clear();
-  registry_ = nullptr;
-  registry_ref_.reset();
-}
 
 nb::object WrapTreeDef(PyTreeDef&& treedef) {
   return nb::cast(std::move(treedef));
@@ -150,7 +98,7 @@ NB_MODULE(pytree, m) {
       });
 
   nb::class_<PyTreeRegistry>(m, "PyTreeRegistry", nb::dynamic_attr(),
-                             nb::type_slots(registry_slots))
+                             nb::type_slots(registry_gc_slots))
       .def(nb::init<bool, bool, bool, bool, bool>(),
            nb::arg("enable_none") = true, nb::arg("enable_tuple") = true,
            nb::arg("enable_namedtuple") = true, nb::arg("enable_list") = true,
@@ -227,7 +175,7 @@ NB_MODULE(pytree, m) {
       .def("__reduce__", [](nb::handle self) { return self.attr("__name__"); },
            nb::sig("def __reduce__(self) -> str"));
 
-  nb::class_<PyTreeDef>(m, "PyTreeDef", nb::type_slots(treedef_slots))
+  nb::class_<PyTreeDef>(m, "PyTreeDef", nb::type_slots(treedef_gc_slots))
       .def("unflatten", &PyTreeDef::Unflatten,
            nb::sig("def unflatten(self, arg: Iterable[Any], /) -> Any"))
       .def("flatten_up_to", &PyTreeDef::FlattenUpTo, nb::arg("tree").none())

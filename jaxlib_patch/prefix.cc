@@ -20,9 +20,9 @@
 
 #include <unordered_set>
 
-#include "jaxlib_patch/identity_scope.h"
 #include "jaxlib_patch/keys.h"
 #include "jaxlib_patch/pytree.h"
+#include "jaxlib_patch/recursion_guard.h"
 
 namespace jaxlib_patch {
 

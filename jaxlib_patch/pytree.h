@@ -31,6 +31,9 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include "jaxlib_patch/exceptions.h"
+#include "jaxlib_patch/text.h"
+
 namespace jaxlib_patch {
 
 namespace nb = nanobind;
@@ -138,6 +141,27 @@ struct Node {
   bool is_reference() const { return shared_distance != 0; }
 };
 
+// Mixes `value` into `seed` (boost's hash_combine).
+inline size_t HashCombine(size_t seed, size_t value) {
+  // 2^64 divided by the golden ratio: its bits, irregular and half set,
+  // spread consecutive values over the whole range.
+  constexpr size_t kGoldenRatio = 0x9e3779b97f4a7c15ULL;
+  return seed ^ (value + kGoldenRatio + (seed << 6) + (seed >> 2));
+}
+
+// Mixes what PyTreeDef::Hash takes of `node` into `seed`: what NodesEqual
+// compares, and the sharing, except the node data, which need not be
+// hashable (equal treedefs still hash alike).
+inline size_t HashNode(size_t seed, const Node& node) {
+  seed = HashCombine(seed, static_cast<size_t>(node.kind));
+  seed = HashCombine(seed, node.arity);
+  seed = HashCombine(seed, node.custom == nullptr
+                               ? 0
+                               : reinterpret_cast<uintptr_t>(
+                                     node.custom->type.ptr()));
+  return HashCombine(seed, node.shared_distance);
+}
+
 // Whether two nodes are the same kind of node with equal node data (their
 // sharing aside, and whichever registries made them): what treedef equality
 // compares per position, and what a tree prefix must match.
@@ -169,8 +193,8 @@ class PyTreeDef {
   };
   struct NodeKeyHash {
     size_t operator()(const NodeKey& key) const {
-      return std::hash<uint64_t>()(key.origin) * 31 +
-             std::hash<Py_ssize_t>()(key.index);
+      return HashCombine(std::hash<uint64_t>()(key.origin),
+                         std::hash<Py_ssize_t>()(key.index));
     }
   };
 
@@ -181,6 +205,8 @@ class PyTreeDef {
   static std::pair<nb::list, nb::object> Flatten(
       nb::handle registry, nb::handle tree,
       const std::optional<nb::callable>& leaf_predicate);
+
+  // --- flatten_up_to.cc
   nb::list FlattenUpTo(nb::handle tree) const;
 
   // --- unflatten.cc
@@ -242,7 +268,7 @@ class PyTreeDef {
   static nb::object DeserializeUsingProto(
       nb::handle_t<PyTreeRegistry> registry_ref, nb::bytes data);
 
-  // --- GC support (module.cc)
+  // --- gc.cc
   int Traverse(visitproc visit, void* arg) const;
   void Clear();
 
@@ -291,25 +317,15 @@ class PyTreeDef {
 // registry, a stock one, makes those.
 bool IsStockTreeDef(nb::handle obj);
 
+// The GC slots of the PyTreeDef and PyTreeRegistry types (gc.cc).
+extern PyType_Slot treedef_gc_slots[];
+extern PyType_Slot registry_gc_slots[];
+
 // Wraps a PyTreeDef built in C++ into its Python object.
 nb::object WrapTreeDef(PyTreeDef&& treedef);
 
 // Raises TypeError unless `obj` is a PyTreeDef; returns it.
 const PyTreeDef& CastTreeDef(nb::handle obj);
-
-// Python text as UTF-8, for reprs and messages. Lone surrogates (legal in a
-// Python str, not in UTF-8) pass through, so no key or type name can make a
-// repr fail; FromUtf8 turns such text back into a Python str.
-std::string Str(nb::handle obj);
-std::string Repr(nb::handle obj);
-nb::str FromUtf8(const std::string& text);
-
-// Sets the Python error for a C++ exception caught (`catch (...)`) at a C API
-// entry point, as nanobind does for bound functions.
-void SetPythonErrorFromException();
-
-// The `__name__` of a type, used by repr and errors.
-std::string TypeName(nb::handle type);
 
 // Sorts a dict's keys the way every operation here orders them.
 nb::list SortedDictKeys(nb::handle dict);
@@ -340,7 +356,8 @@ bool SameDictKeys(const std::vector<nb::object>& keys, size_t size,
 // A dict node's keys from a list or tuple of them (pickles, node_data).
 std::vector<nb::object> DictKeysFrom(nb::handle sequence);
 
-// PyTreeRegistry.flatten_one_level(_with_keys) and all_leaves.
+// PyTreeRegistry.flatten_one_level(_with_keys) and all_leaves
+// (flatten_one_level.cc).
 nb::object FlattenOneLevel(const PyTreeRegistry& registry, nb::handle tree);
 nb::object FlattenOneLevelWithKeys(const PyTreeRegistry& registry,
                                    nb::handle tree);

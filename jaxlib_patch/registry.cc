@@ -174,16 +174,4 @@ bool PyTreeRegistry::PreservesRelativeIdentities(nb::handle type) const {
   return InheritsOptInLocked(cls);
 }
 
-int PyTreeRegistry::Traverse(visitproc visit, void* arg) const {
-  nb::ft_lock_guard lock(mutex_);
-  for (const auto& [type, registration] : registrations_) {
-    Py_VISIT(registration->type.ptr());
-    Py_VISIT(registration->to_iterable.ptr());
-    Py_VISIT(registration->from_iterable.ptr());
-    Py_VISIT(registration->to_iterable_with_keys.ptr());
-  }
-  for (const nb::object& base : opted_in_bases_) Py_VISIT(base.ptr());
-  return 0;
-}
-
 }  // namespace jaxlib_patch

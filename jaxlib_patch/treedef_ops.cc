@@ -2,8 +2,6 @@
 // node_data, compose, from_node_data_and_children, treedef_tuple, validation.
 
 #include <atomic>
-#include <exception>
-#include <new>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -15,10 +13,6 @@ namespace jaxlib_patch {
 
 namespace {
 
-
-size_t HashCombine(size_t seed, size_t value) {
-  return seed ^ (value + 0x9e3779b97f4a7c15ULL + (seed << 6) + (seed >> 2));
-}
 
 nb::object TypeOf(const Node& node) {
   switch (node.kind) {
@@ -38,57 +32,10 @@ nb::object TypeOf(const Node& node) {
     case PyTreeKind::kDataclass:
       return node.custom->type;
   }
-  throw std::logic_error("Unknown PyTreeKind");
+  JAXLIB_PATCH_INTERNAL_ERROR("Unknown PyTreeKind");
 }
 
 }  // namespace
-
-static std::string Utf8(nb::handle text) {
-  nb::object bytes = nb::steal(
-      PyUnicode_AsEncodedString(text.ptr(), "utf-8", "surrogatepass"));
-  if (!bytes.is_valid()) throw nb::python_error();
-  return std::string(PyBytes_AS_STRING(bytes.ptr()),
-                     PyBytes_GET_SIZE(bytes.ptr()));
-}
-
-// Sets the Python error for a C++ exception thrown below a C API entry point,
-// as nanobind does for bound functions.
-void SetPythonErrorFromException() {
-  try {
-    throw;
-  } catch (nb::python_error& error) {
-    error.restore();
-  } catch (const nb::builtin_exception& error) {
-    PyObject* type = PyExc_RuntimeError;
-    switch (error.type()) {
-      case nb::exception_type::stop_iteration: type = PyExc_StopIteration; break;
-      case nb::exception_type::index_error: type = PyExc_IndexError; break;
-      case nb::exception_type::key_error: type = PyExc_KeyError; break;
-      case nb::exception_type::value_error: type = PyExc_ValueError; break;
-      case nb::exception_type::type_error: type = PyExc_TypeError; break;
-      case nb::exception_type::buffer_error: type = PyExc_BufferError; break;
-      case nb::exception_type::import_error: type = PyExc_ImportError; break;
-      case nb::exception_type::attribute_error: type = PyExc_AttributeError; break;
-      default: break;
-    }
-    PyErr_SetString(type, error.what());
-  } catch (const std::bad_alloc&) {
-    PyErr_NoMemory();
-  } catch (const std::exception& error) {
-    PyErr_SetString(PyExc_RuntimeError, error.what());
-  }
-}
-
-std::string Str(nb::handle obj) { return Utf8(nb::str(obj)); }
-std::string Repr(nb::handle obj) { return Utf8(nb::repr(obj)); }
-
-nb::str FromUtf8(const std::string& text) {
-  PyObject* str = PyUnicode_DecodeUTF8(text.data(), text.size(), "surrogatepass");
-  if (str == nullptr) throw nb::python_error();
-  return nb::steal<nb::str>(str);
-}
-
-std::string TypeName(nb::handle type) { return Str(type.attr("__name__")); }
 
 const PyTreeDef& CastTreeDef(nb::handle obj) {
   if (!nb::isinstance<PyTreeDef>(obj)) {
@@ -159,18 +106,8 @@ bool PyTreeDef::Equals(const PyTreeDef& other) const {
 }
 
 size_t PyTreeDef::Hash() const {
-  // Node data is left out: it need not be hashable, and equal treedefs still
-  // hash alike.
   size_t hash = traversal_.size();
-  for (const Node& node : traversal_) {
-    hash = HashCombine(hash, static_cast<size_t>(node.kind));
-    hash = HashCombine(hash, node.arity);
-    hash = HashCombine(hash, node.custom == nullptr
-                                 ? 0
-                                 : reinterpret_cast<uintptr_t>(
-                                       node.custom->type.ptr()));
-    hash = HashCombine(hash, node.shared_distance);
-  }
+  for (const Node& node : traversal_) hash = HashNode(hash, node);
   return hash;
 }
 

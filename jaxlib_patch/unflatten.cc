@@ -69,7 +69,7 @@ nb::object MakeNode(const Node& node, nb::object* children) {
     case PyTreeKind::kLeaf:
       break;
   }
-  throw std::logic_error("MakeNode called on a leaf");
+  JAXLIB_PATCH_INTERNAL_ERROR("MakeNode called on a leaf");
 }
 
 namespace {
@@ -103,15 +103,13 @@ nb::object BuildBottomUp(const std::vector<Node>& traversal, LeafFn&& leaf,
         ThrowExternalReference();
       }
       const size_t target = i - node.shared_distance;
-      if (target >= shared.size() || !shared[target].is_valid()) {
-        throw std::logic_error("Reference to a node that was not built");
-      }
+      JAXLIB_PATCH_EXPECT(target < shared.size() && shared[target].is_valid(),
+                          "Reference to a node that was not built");
       agenda.push_back(shared[target]);
       continue;
     }
-    if (static_cast<Py_ssize_t>(agenda.size()) < node.arity) {
-      throw std::logic_error("Too few elements for PyTreeDef node");
-    }
+    JAXLIB_PATCH_EXPECT(static_cast<Py_ssize_t>(agenda.size()) >= node.arity,
+                        "Too few elements for PyTreeDef node");
     nb::object built = node_fn(node, agenda.data() + agenda.size() - node.arity);
     agenda.resize(agenda.size() - node.arity);
     if (PreservesIdentity(node.custom)) {
@@ -120,9 +118,8 @@ nb::object BuildBottomUp(const std::vector<Node>& traversal, LeafFn&& leaf,
     }
     agenda.push_back(std::move(built));
   }
-  if (agenda.size() != 1) {
-    throw std::logic_error("PyTreeDef traversal did not yield a singleton.");
-  }
+  JAXLIB_PATCH_EXPECT(agenda.size() == 1,
+                      "PyTreeDef traversal did not yield a singleton.");
   return std::move(agenda.back());
 }
 

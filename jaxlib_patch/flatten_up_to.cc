@@ -1,0 +1,230 @@
+// PyTreeDef.flatten_up_to: a tree's subtrees at the treedef's leaves.
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <tsl/robin_map.h>
+
+#include "jaxlib_patch/flatten_common.h"
+#include "jaxlib_patch/pytree.h"
+
+namespace jaxlib_patch {
+
+namespace {
+
+// Checks that the tree given to flatten_up_to shares opted-in nodes exactly
+// where the treedef does. Every opted-in position has a canonical index: its
+// own for a first occurrence, its target's for a reference.
+class SharingChecker {
+ public:
+  explicit SharingChecker(const PyTreeDef& treedef)
+      : treedef_(treedef), claims_(treedef.traversal().size()) {}
+
+  void Check(nb::handle obj, Py_ssize_t position) {
+    const Node& node = treedef_.traversal()[position];
+    const Py_ssize_t canonical = position - node.shared_distance;
+    if (canonical < 0) {
+      throw nb::value_error(
+          ("Cannot flatten up to a PyTreeDef whose node at " +
+           treedef_.PathTo(position) +
+           " refers to a shared node outside of it.")
+              .c_str());
+    }
+    auto [owner, new_object] = owner_.try_emplace(obj.ptr(), canonical);
+    if (!new_object && owner->second != canonical) {
+      throw nb::value_error(
+          ("PyTree sharing mismatch: the tree holds the same " +
+           TypeName(nb::handle(reinterpret_cast<PyObject*>(
+               Py_TYPE(obj.ptr())))) +
+           " object at " + treedef_.PathTo(position) + " and at " +
+           treedef_.PathTo(claims_[owner->second].position) +
+           ", where the PyTreeDef has two separate nodes.")
+              .c_str());
+    }
+    Claim& claim = claims_[canonical];
+    if (!claim.object.is_valid()) {
+      claim = Claim{nb::borrow(obj), position};
+    } else if (!claim.object.is(obj)) {
+      throw nb::value_error(
+          ("PyTree sharing mismatch: the PyTreeDef shares the node at " +
+           treedef_.PathTo(position) + " with the one at " +
+           treedef_.PathTo(claim.position) +
+           ", but the tree holds different objects there.")
+              .c_str());
+    }
+  }
+
+ private:
+  const PyTreeDef& treedef_;
+  // Which canonical index each object met so far stands for.
+  tsl::robin_map<PyObject*, Py_ssize_t> owner_;
+  // By canonical index: the object expected there, and the position that
+  // first showed it. Also keeps the objects alive, so no id is reused.
+  struct Claim {
+    nb::object object;
+    Py_ssize_t position = 0;
+  };
+  std::vector<Claim> claims_;
+};
+
+[[noreturn]] void ThrowMismatch(const std::string& message) {
+  throw nb::value_error(message.c_str());
+}
+
+// Checks a tuple, list or namedtuple against its node, in stock's words.
+void CheckSequence(nb::handle object, Py_ssize_t arity, bool right_type,
+                   const char* type_name, const char* arity_label,
+                   const char* value_label) {
+  if (!right_type) {
+    ThrowMismatch(std::string("Expected ") + type_name + ", got " +
+                  Repr(object) + ".");
+  }
+  const Py_ssize_t size = PySequence_Fast_GET_SIZE(object.ptr());
+  if (size != arity) {
+    ThrowMismatch(std::string(arity_label) + " arity mismatch: " +
+                  std::to_string(size) + " != " + std::to_string(arity) +
+                  "; " + value_label + ": " + Repr(object) + ".");
+  }
+}
+
+}  // namespace
+
+nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
+  const Py_ssize_t total_leaves = num_leaves();
+  nb::list leaves = nb::steal<nb::list>(PyList_New(total_leaves));
+  Py_ssize_t leaf = total_leaves - 1;
+  std::vector<nb::object> agenda;
+  agenda.push_back(nb::borrow(tree));
+  std::optional<SharingChecker> sharing;
+
+  // Walks the traversal backwards: a pre-order walk from the right, so the
+  // agenda holds the objects still to match, the next one on top.
+  for (Py_ssize_t i = traversal_.size() - 1; i >= 0; --i) {
+    const Node& node = traversal_[i];
+    JAXLIB_PATCH_EXPECT(!agenda.empty(), "Agenda underflow in flatten_up_to");
+    nb::object object = std::move(agenda.back());
+    agenda.pop_back();
+    if (PreservesIdentity(node.custom)) {
+      if (!sharing) sharing.emplace(*this);
+      sharing->Check(object, i);
+      if (node.is_reference()) continue;
+    }
+    auto push_items = [&](nb::handle sequence) {
+      for (Py_ssize_t k = 0; k < node.arity; ++k) {
+        agenda.push_back(
+            nb::borrow(PySequence_Fast_GET_ITEM(sequence.ptr(), k)));
+      }
+    };
+    switch (node.kind) {
+      case PyTreeKind::kLeaf:
+        PyList_SET_ITEM(leaves.ptr(), leaf--, object.release().ptr());
+        break;
+      case PyTreeKind::kNone:
+        if (!object.is_none()) {
+          ThrowMismatch(
+              "Expected None, got " + Repr(object) +
+              ".\n\nIn previous releases of JAX, flatten-up-to used to "
+              "consider None to be a tree-prefix of non-None values. To "
+              "obtain the previous behavior, you can usually write:\n"
+              "  jax.tree.map(lambda x, y: None if x is None else f(x, y), "
+              "a, b, is_leaf=lambda x: x is None)");
+        }
+        break;
+      case PyTreeKind::kTuple:
+        CheckSequence(object, node.arity, PyTuple_CheckExact(object.ptr()),
+                      "tuple", "Tuple", "tuple");
+        push_items(object);
+        break;
+      case PyTreeKind::kList:
+        CheckSequence(object, node.arity, PyList_CheckExact(object.ptr()),
+                      "list", "List", "list");
+        push_items(object);
+        break;
+      case PyTreeKind::kDict: {
+        if (!PyDict_CheckExact(object.ptr())) {
+          ThrowMismatch("Expected dict, got " + Repr(object) + ".");
+        }
+        nb::list keys = SortedDictKeys(object);
+        if (!SameDictKeys(node.dict_keys, PyList_GET_SIZE(keys.ptr()),
+                          [&](size_t i) {
+                            return PyList_GET_ITEM(keys.ptr(), i);
+                          })) {
+          ThrowMismatch("Dict key mismatch; expected keys: " +
+                        Repr(ExportedNodeData(node)) + "; present keys: " +
+                        Repr(keys) + ".");
+        }
+        for (nb::handle key : keys) {
+          // Keys' __hash__/__eq__ may raise, or change the dict.
+          PyObject* value = PyDict_GetItemWithError(object.ptr(), key.ptr());
+          if (value == nullptr) {
+            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key.ptr());
+            throw nb::python_error();
+          }
+          agenda.push_back(nb::borrow(value));
+        }
+        break;
+      }
+      case PyTreeKind::kNamedTuple:
+        CheckSequence(object, node.arity,
+                      PyTuple_Check(object.ptr()) &&
+                          nb::hasattr(object, "_fields"),
+                      "named tuple", "Named tuple", "tuple");
+        if (!node.node_data.is(nb::handle(
+                reinterpret_cast<PyObject*>(Py_TYPE(object.ptr()))))) {
+          ThrowMismatch("Named tuple type mismatch: expected type: " +
+                        Repr(node.node_data) + ", tuple: " + Repr(object) +
+                        ".");
+        }
+        push_items(object);
+        break;
+      case PyTreeKind::kCustom:
+      case PyTreeKind::kDataclass: {
+        const bool dataclass = node.kind == PyTreeKind::kDataclass;
+        const PyTreeRegistry::Registration* custom =
+            registry()->Lookup(Py_TYPE(object.ptr()));
+        if (custom == nullptr || custom->type.not_equal(node.custom->type)) {
+          ThrowMismatch(std::string(dataclass ? "Custom dataclass" : "Custom") +
+                        " node type mismatch: expected type: " +
+                        Repr(node.custom->type) + ", value: " + Repr(object) +
+                        ".");
+        }
+        std::vector<nb::object> children;
+        nb::object node_data;
+        if (dataclass) {
+          node_data = MetaFields(object, *custom);
+          for (const nb::str& field : custom->data_fields) {
+            children.push_back(GetAttr(object, field));
+          }
+        } else {
+          auto [iterator, aux] =
+              UnpackChildrenAndAux(custom->to_iterable(object), false);
+          node_data = std::move(aux);
+          ForEach(iterator, [&](nb::object child) {
+            children.push_back(std::move(child));
+          });
+        }
+        if (node.node_data.not_equal(node_data)) {
+          ThrowMismatch(std::string(dataclass ? "Mismatch custom dataclass"
+                                              : "Mismatch custom") +
+                        " node data: " + Repr(node.node_data) + " != " +
+                        Repr(node_data) + "; value: " + Repr(object) + ".");
+        }
+        if (static_cast<Py_ssize_t>(children.size()) != node.arity) {
+          ThrowMismatch("Custom type arity mismatch: " +
+                        std::to_string(children.size()) + " != " +
+                        std::to_string(node.arity) + "; value: " +
+                        Repr(object) + ".");
+        }
+        for (nb::object& child : children) agenda.push_back(std::move(child));
+        break;
+      }
+    }
+  }
+  JAXLIB_PATCH_EXPECT(agenda.empty() && leaf == -1,
+                      "Tree did not match the PyTreeDef's node count");
+  return leaves;
+}
+
+}  // namespace jaxlib_patch
+

@@ -1,0 +1,144 @@
+// The garbage collector's slots (tp_traverse, tp_clear) of the bound types
+// that hold Python objects: PyTreeDef, PyTreeRegistry, DictKey, and jax.jit's
+// JitFunction and DispatchArgs.
+//
+// The rule for everything in this file: a GC slot never throws and never
+// calls into Python. The collector runs them at any allocation, with no
+// Python frame to report an error to and objects possibly half torn down, so
+// they only visit or drop references, and return early for an instance that
+// nanobind has not finished constructing (nb::inst_ready).
+
+#include "jaxlib_patch/jit_function.h"
+#include "jaxlib_patch/keys.h"
+#include "jaxlib_patch/pytree.h"
+
+namespace jaxlib_patch {
+
+namespace {
+
+// A treedef holds its registry and arbitrary node data, a registry holds the
+// registered types and functions; either can be part of a reference cycle.
+
+int PyTreeDefTraverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  if (!nb::inst_ready(self)) return 0;
+  return nb::inst_ptr<PyTreeDef>(self)->Traverse(visit, arg);
+}
+
+int PyTreeDefClear(PyObject* self) {
+  if (!nb::inst_ready(self)) return 0;
+  nb::inst_ptr<PyTreeDef>(self)->Clear();
+  return 0;
+}
+
+int PyTreeRegistryTraverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  if (!nb::inst_ready(self)) return 0;
+  // The instance __dict__ (nb::dynamic_attr) is visited by nanobind's own
+  // handling only when no slot is given, so visit it here.
+  PyObject** dict = _PyObject_GetDictPtr(self);
+  if (dict != nullptr) Py_VISIT(*dict);
+  return nb::inst_ptr<PyTreeRegistry>(self)->Traverse(visit, arg);
+}
+
+// A DictKey holds any object, so it can be part of a reference cycle.
+int DictKeyTraverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  if (!nb::inst_ready(self)) return 0;
+  Py_VISIT(nb::inst_ptr<DictKey>(self)->key.ptr());
+  return 0;
+}
+
+int DictKeyClear(PyObject* self) {
+  if (!nb::inst_ready(self)) return 0;
+  nb::inst_ptr<DictKey>(self)->key = nb::none();
+  return 0;
+}
+
+}  // namespace
+
+PyType_Slot treedef_gc_slots[] = {
+    {Py_tp_traverse, reinterpret_cast<void*>(PyTreeDefTraverse)},
+    {Py_tp_clear, reinterpret_cast<void*>(PyTreeDefClear)},
+    {0, nullptr}};
+
+PyType_Slot registry_gc_slots[] = {
+    {Py_tp_traverse, reinterpret_cast<void*>(PyTreeRegistryTraverse)},
+    {0, nullptr}};
+
+PyType_Slot dict_key_gc_slots[] = {
+    {Py_tp_traverse, reinterpret_cast<void*>(DictKeyTraverse)},
+    {Py_tp_clear, reinterpret_cast<void*>(DictKeyClear)},
+    {0, nullptr}};
+
+int PyTreeDef::Traverse(visitproc visit, void* arg) const {
+  Py_VISIT(registry_ref_.ptr());
+  for (const Node& node : traversal_) {
+    Py_VISIT(node.node_data.ptr());
+    for (const nb::object& key : node.dict_keys) Py_VISIT(key.ptr());
+  }
+  return 0;
+}
+
+void PyTreeDef::Clear() {
+  // Only ever called on garbage: leave an empty treedef behind that every
+  // method rejects instead of touching freed objects.
+  traversal_.clear();
+  provenance_.clear();
+  registry_ = nullptr;
+  registry_ref_.reset();
+}
+
+int PyTreeRegistry::Traverse(visitproc visit, void* arg) const {
+  nb::ft_lock_guard lock(mutex_);
+  for (const auto& [type, registration] : registrations_) {
+    Py_VISIT(registration->type.ptr());
+    Py_VISIT(registration->to_iterable.ptr());
+    Py_VISIT(registration->from_iterable.ptr());
+    Py_VISIT(registration->to_iterable_with_keys.ptr());
+  }
+  for (const nb::object& base : opted_in_bases_) Py_VISIT(base.ptr());
+  return 0;
+}
+
+int DispatchArgsTraverse(PyObject* self, visitproc visit, void* arg) {
+  auto* o = reinterpret_cast<DispatchArgsObject*>(self);
+  Py_VISIT(Py_TYPE(self));
+  Py_VISIT(o->leaves.ptr());
+  Py_VISIT(o->treedef.ptr());
+  Py_VISIT(o->args.ptr());
+  Py_VISIT(o->kwargs.ptr());
+  return 0;
+}
+
+int DispatchArgsClear(PyObject* self) {
+  auto* o = reinterpret_cast<DispatchArgsObject*>(self);
+  o->leaves.reset();
+  o->treedef.reset();
+  o->args.reset();
+  o->kwargs.reset();
+  return 0;
+}
+
+int JitFunctionTraverse(PyObject* self, visitproc visit, void* arg) {
+  auto* o = reinterpret_cast<JitFunctionObject*>(self);
+  Py_VISIT(Py_TYPE(self));
+  Py_VISIT(o->dict);
+  Py_VISIT(o->fun.ptr());
+  Py_VISIT(o->dispatch.ptr());
+  Py_VISIT(o->registry.ptr());
+  Py_VISIT(o->static_argnames.ptr());
+  return 0;
+}
+
+int JitFunctionClear(PyObject* self) {
+  auto* o = reinterpret_cast<JitFunctionObject*>(self);
+  Py_CLEAR(o->dict);
+  o->fun.reset();
+  o->dispatch.reset();
+  o->registry.reset();
+  o->static_argnames.reset();
+  return 0;
+}
+
+}  // namespace jaxlib_patch

@@ -1,0 +1,43 @@
+// The object layouts of jit_function.cc's types, for their GC slots (gc.cc).
+
+#ifndef JAXLIB_PATCH_JIT_FUNCTION_H_
+#define JAXLIB_PATCH_JIT_FUNCTION_H_
+
+#include <vector>
+
+#include "jaxlib_patch/pytree.h"
+
+namespace jaxlib_patch {
+
+struct DispatchArgsObject {
+  PyObject_HEAD
+  nb::object leaves;
+  nb::object treedef;
+  nb::object args;
+  nb::object kwargs;
+};
+
+struct JitFunctionObject {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  PyObject* dict;      // Owned; the instance __dict__ (functools.wraps).
+  PyObject* weakrefs;  // Managed by CPython.
+  // The user's function; the stock dispatch (a PjitFunction); the tracing
+  // registry. Null only while being built or after tp_clear.
+  nb::object fun;
+  nb::object dispatch;
+  nb::object registry;
+  // As given to jax.jit (a negative index counts from the end of a call's
+  // positional arguments); the names as a tuple of str.
+  std::vector<Py_ssize_t> static_argnums;
+  nb::object static_argnames;
+};
+
+int DispatchArgsTraverse(PyObject* self, visitproc visit, void* arg);
+int DispatchArgsClear(PyObject* self);
+int JitFunctionTraverse(PyObject* self, visitproc visit, void* arg);
+int JitFunctionClear(PyObject* self);
+
+}  // namespace jaxlib_patch
+
+#endif  // JAXLIB_PATCH_JIT_FUNCTION_H_
