@@ -11,9 +11,6 @@ undone, as a user would do it: once, after importing Equinox.
 """
 
 import io
-import json
-import os
-import subprocess
 
 from absl.testing import absltest
 import numpy as np
@@ -23,22 +20,17 @@ import jax
 import jax.numpy as jnp
 from jax._src import test_util as jtu
 
+import stock_reference
+
 jax.tree_util.preserve_relative_identities(eqx.Module)
 
 import equinox_tied_lm as lm  # noqa: E402  (defines its modules after the opt-in)
 
-_STOCK_PYTHON = "JAXLIB_PATCH_STOCK_PYTHON"
 
 
 def _stock_training():
-  python = os.environ.get(_STOCK_PYTHON)
-  if not python:
-    raise RuntimeError(
-        f"{_STOCK_PYTHON} must name a Python with stock jax 0.10.2, equinox "
-        "and optax installed")
-  done = subprocess.run([python, "-I", lm.__file__], capture_output=True,
-                        text=True, check=True)
-  return json.loads(done.stdout)
+  return stock_reference.run_with_stock_jax(
+      lm.__file__, "equinox and optax")
 
 
 def _serialised_size(tree):

@@ -11,9 +11,6 @@ in peer_libraries_test.py. The opt-in is for the whole process, as a user
 would do it: once, after importing Flax.
 """
 
-import json
-import os
-import subprocess
 
 from absl.testing import absltest
 import numpy as np
@@ -22,23 +19,18 @@ import jax
 from flax import nnx
 from jax._src import test_util as jtu
 
+import stock_reference
+
 jax.tree_util.preserve_relative_identities(nnx.Pytree)
 jax.tree_util.preserve_relative_identities(nnx.Variable)
 
 import nnx_shared_linear as shared_linear  # noqa: E402
 
-_STOCK_PYTHON = "JAXLIB_PATCH_STOCK_PYTHON"
 
 
 def _stock_training():
-  python = os.environ.get(_STOCK_PYTHON)
-  if not python:
-    raise RuntimeError(
-        f"{_STOCK_PYTHON} must name a Python with stock jax 0.10.2, flax "
-        "and optax installed")
-  done = subprocess.run([python, "-I", shared_linear.__file__],
-                        capture_output=True, text=True, check=True)
-  return json.loads(done.stdout)
+  return stock_reference.run_with_stock_jax(
+      shared_linear.__file__, "flax and optax")
 
 
 class NnxSharingTest(jtu.JaxTestCase):

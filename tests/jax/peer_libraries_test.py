@@ -5,29 +5,21 @@ jaxlib 0.10.2, with the interpreter named by JAXLIB_PATCH_STOCK_PYTHON
 (tests/run.sh points it at the venv of the module tests).
 """
 
-import json
-import os
-import subprocess
 
 from absl.testing import absltest
 import numpy as np
 
 from jax._src import test_util as jtu
 
+import stock_reference
+
 import peer_steps
 
-_STOCK_PYTHON = "JAXLIB_PATCH_STOCK_PYTHON"
 
 
 def _stock_results():
-  python = os.environ.get(_STOCK_PYTHON)
-  if not python:
-    raise RuntimeError(
-        f"{_STOCK_PYTHON} must name a Python with stock jax 0.10.2, equinox "
-        "and flax installed")
-  done = subprocess.run([python, "-I", peer_steps.__file__],
-                        capture_output=True, text=True, check=True)
-  return json.loads(done.stdout)
+  return stock_reference.run_with_stock_jax(
+      peer_steps.__file__, "equinox and flax")
 
 
 class PeerLibrariesTest(jtu.JaxTestCase):
