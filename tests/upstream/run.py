@@ -148,7 +148,12 @@ def prepare_venvs(args) -> dict[str, Path]:
     # Both sides get stock 0.10.2 and its dependencies: the same versions.
     pip_install(venv_dir, f"jax=={JAX_VERSION}", f"jaxlib=={JAX_VERSION}")
   jax_wheel = newest_wheel(args.dist, "jax-*+*-py3-none-any.whl")
-  jaxlib_wheel = newest_wheel(args.dist, "jaxlib-*+*.whl")
+  # build.py may write one jaxlib wheel per Python: take the venv's.
+  tag = subprocess.run(
+      [str(venv_python(venvs["ours"])), "-c",
+       "import sys; print(f'cp{sys.version_info[0]}{sys.version_info[1]}')"],
+      capture_output=True, text=True, check=True).stdout.strip()
+  jaxlib_wheel = newest_wheel(args.dist, f"jaxlib-*+*-{tag}-{tag}-*.whl")
   print(f"custom wheels: {jax_wheel.name}, {jaxlib_wheel.name}", flush=True)
   # They replace stock jax and jaxlib; every dependency stays as on stock.
   pip_install(venvs["ours"], "--force-reinstall", "--no-deps",
