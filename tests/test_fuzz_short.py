@@ -19,21 +19,15 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
 from jaxlib_patch import pytree as pt
 
+from harness import child_env, run_child
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FUZZER = os.path.join(ROOT, "fuzz", "pytree_fuzz.py")
-MODULE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(pt.__file__)))
-
-
-def child_env():
-  env = dict(os.environ)
-  env["PYTHONPATH"] = MODULE_DIR + os.pathsep + env.get("PYTHONPATH", "")
-  return env
 
 
 def run_campaign(tmp_path, *args):
@@ -88,18 +82,6 @@ def test_short_campaign(tmp_path):
 # ---------------------------------------------------------------------------
 
 
-def run_snippet(code):
-  proc = subprocess.run([sys.executable, "-P", "-c", textwrap.dedent(code)],
-                        capture_output=True, text=True, timeout=300,
-                        env=child_env())
-  if proc.returncode != 0:
-    how = (f"signal {-proc.returncode}" if proc.returncode < 0 else
-           f"exit status {proc.returncode}")
-    pytest.fail(f"child process failed ({how}):\n{proc.stdout[-3000:]}\n"
-                f"{proc.stderr[-6000:]}", pytrace=False)
-  return proc.stdout
-
-
 @pytest.mark.parametrize("trigger", ["hash raises", "eq removes the key"])
 @pytest.mark.parametrize("value", ["leaf", "node"])
 def test_f1_flatten_up_to_dict_value_lookup_fails(trigger, value):
@@ -107,7 +89,7 @@ def test_f1_flatten_up_to_dict_value_lookup_fails(trigger, value):
   __hash__ raises or its __eq__ removes it from the dict mid-lookup: no
   missing value may reach the leaves or the work list (docs/hardening.md,
   F1)."""
-  run_snippet(f"""
+  run_child(f"""
 from jaxlib_patch import pytree as pt
 
 class Boom(Exception):
@@ -154,7 +136,7 @@ def test_f2_handed_out_dict_keys_are_copies(source, use):
   """__getstate__() and walk's f_node hand out copies of a treedef's dict
   keys, as stock does: clearing what they gave leaves repr, unflatten,
   flatten_up_to and node_data intact (docs/hardening.md, F2)."""
-  out = run_snippet(f"""
+  out = run_child(f"""
 from jaxlib_patch import pytree as pt
 reg = pt.PyTreeRegistry()
 _, td = reg.flatten({{"a": 1, "b": 2}})
@@ -188,7 +170,7 @@ def test_f2_setstate_copies_the_callers_dict_keys():
   unchecked borrow (the explicit `list(handle)` constructor, which copies,
   is not chosen). Clearing the list afterwards made repr read past its end
   (a crash)."""
-  out = run_snippet("""
+  out = run_child("""
 from jaxlib_patch import pytree as pt
 reg = pt.PyTreeRegistry()
 registry, entries = reg.flatten({"a": 1, "b": 2})[1].__getstate__()
@@ -215,7 +197,7 @@ def test_f3_namedtuple_fields_that_do_not_match(fields, op):
   raises ValueError, as stock does ("A namedtuple's _fields attribute should
   have the same size as the tuple."), never IndexError/TypeError or names
   paired with the wrong items (docs/hardening.md, F3)."""
-  out = run_snippet(f"""
+  out = run_child(f"""
 from jaxlib_patch import pytree as pt
 class X(tuple):
   _fields = {fields!r}
@@ -235,7 +217,7 @@ def test_f3_namedtuple_field_name_that_is_not_a_str():
   the key raised RuntimeError: std::bad_cast. `FieldKey` in flatten.cc
   called `nb::str(fields[i])` on a nanobind accessor, whose conversion to
   `nb::str` is an unchecked borrow, not `str()`."""
-  out = run_snippet("""
+  out = run_child("""
 import pickle
 from jaxlib_patch import pytree as pt
 class X(tuple):
@@ -260,7 +242,7 @@ def test_f3_forged_namedtuple_arity():
   children than its type has fields raises ValueError, whose message names
   the path, never IndexError from building that path (docs/hardening.md,
   F3)."""
-  out = run_snippet("""
+  out = run_child("""
 import collections
 from jaxlib_patch import pytree as pt
 class N:

@@ -17,12 +17,13 @@ import dataclasses
 import gc
 import pickle
 import sys
-import threading
 import weakref
 
 import pytest
 
 from jaxlib_patch import pytree as pt
+
+from harness import run_in_threads
 
 # ---------------------------------------------------------------------------
 # Classes and the registry (module level: pickle finds them by name).
@@ -334,46 +335,30 @@ def test_threads():
   shared_x = make_tree(leaf, aux)
   expected_leaves, expected_td = REG.flatten(shared_x)
   expected_repr = repr(expected_td)
-  errors = []
-  barrier = threading.Barrier(8)
 
   def worker(k):
-    try:
-      barrier.wait()
-      own_leaf = Leaf()
-      own_x = make_tree(own_leaf, aux)
-      for i in range(300):
-        x = shared_x if i % 2 else own_x
-        leaves, td = REG.flatten(x)
-        assert td == expected_td and hash(td) == hash(expected_td)
-        assert repr(td) == expected_repr
-        assert leaves[0] is (leaf if i % 2 else own_leaf)
-        out = td.unflatten(leaves)
-        check_shared_output(out)
-        back = pickle.loads(pickle.dumps(td))
-        assert back == expected_td
-        assert back.flatten_up_to(out) == leaves
-        path_leaves, _ = REG.flatten_with_path(out)
-        assert [v for _, v in path_leaves] == leaves
-        if k == 0 and i % 10 == 0:
-          # Meanwhile, a new opted-in type in the same registry.
-          cls = type(f"New{i}", (), {})
-          REG.register_node(cls, lambda o: ((), None), lambda a, c: cls(),
-                            preserve_relative_identities=True)
-          obj = cls()
-          assert REG.flatten([obj, obj])[1].num_nodes == 3
-    except BaseException as e:  # noqa: BLE001 -- collected and asserted.
-      errors.append((k, repr(e)))
+    own_leaf = Leaf()
+    own_x = make_tree(own_leaf, aux)
+    for i in range(300):
+      x = shared_x if i % 2 else own_x
+      leaves, td = REG.flatten(x)
+      assert td == expected_td and hash(td) == hash(expected_td)
+      assert repr(td) == expected_repr
+      assert leaves[0] is (leaf if i % 2 else own_leaf)
+      out = td.unflatten(leaves)
+      check_shared_output(out)
+      back = pickle.loads(pickle.dumps(td))
+      assert back == expected_td
+      assert back.flatten_up_to(out) == leaves
+      path_leaves, _ = REG.flatten_with_path(out)
+      assert [v for _, v in path_leaves] == leaves
+      if k == 0 and i % 10 == 0:
+        # Meanwhile, a new opted-in type in the same registry.
+        cls = type(f"New{i}", (), {})
+        REG.register_node(cls, lambda o: ((), None), lambda a, c: cls(),
+                          preserve_relative_identities=True)
+        obj = cls()
+        assert REG.flatten([obj, obj])[1].num_nodes == 3
 
-  old = sys.getswitchinterval()
-  sys.setswitchinterval(1e-5)
-  try:
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
-    for t in threads:
-      t.start()
-    for t in threads:
-      t.join(timeout=120)
-    assert not any(t.is_alive() for t in threads)
-  finally:
-    sys.setswitchinterval(old)
+  errors = run_in_threads(worker, 8, timeout=120)
   assert errors == []

@@ -27,31 +27,13 @@ from __future__ import annotations
 import json
 import os
 import pickle
-import subprocess
 import sys
-import textwrap
 
 import pytest
 
 from jaxlib_patch import pytree as pt
 
-MODULE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(pt.__file__)))
-
-
-def run_child(code, timeout=600):
-  """Runs `code` in a fresh interpreter that imports this same module."""
-  env = dict(os.environ)
-  env["PYTHONPATH"] = MODULE_DIR + os.pathsep + env.get("PYTHONPATH", "")
-  proc = subprocess.run(
-      [sys.executable, "-P", "-c", textwrap.dedent(code)],
-      capture_output=True, text=True, timeout=timeout, env=env)
-  if proc.returncode != 0:
-    how = (f"signal {-proc.returncode}" if proc.returncode < 0 else
-           f"exit status {proc.returncode}")
-    pytest.fail(f"child process failed ({how}):\n{proc.stdout[-3000:]}\n"
-                f"{proc.stderr[-6000:]}", pytrace=False)
-  return proc.stdout
-
+from harness import run_child
 
 PRELUDE = """
 import json, pickle, sys, threading

@@ -35,6 +35,8 @@ import time
 
 from jaxlib_patch import pytree as pt
 
+from harness import run_in_threads
+
 N_THREADS = 8
 ITERATIONS = 250
 
@@ -197,9 +199,7 @@ def test_thread_stress():
   expected_children = expected_td.children()
   # One treedef per thread, compared across threads.
   published = [None] * N_THREADS
-  errors = []
   counts = [0] * N_THREADS
-  barrier = threading.Barrier(N_THREADS)
 
   def worker(k):
     rng = random.Random(k)
@@ -207,96 +207,80 @@ def test_thread_stress():
     own_reg = pt.PyTreeRegistry()
     own_reg.register_node(Node, node_flatten, node_unflatten,
                           preserve_relative_identities=True)
-    try:
-      barrier.wait()
-      for i in range(ITERATIONS):
-        action = rng.randrange(12)
-        if action == 0:
-          leaves, td = REG.flatten(shared_tree)
-          assert td == expected_td and hash(td) == expected_hash
-          assert all(a is b for a, b in zip(leaves, shared_leaves))
-          assert repr(td) == expected_repr
-          published[k] = td
-        elif action == 1:
-          tree = own_tree if i % 2 else shared_tree
-          leaves, td = REG.flatten(tree)
-          out = td.unflatten(leaves)
-          check_dag_output(out, tree)
-          assert td.flatten_up_to(out) == leaves
-          assert REG.flatten(out)[1] == expected_td
-        elif action == 2:
-          pairs, td = REG.flatten_with_path(shared_tree)
-          assert [p for p, _ in pairs] == expected_paths
-          assert td == expected_td
-        elif action == 3:
-          back = pickle.loads(pickle.dumps(expected_td))
-          assert back == expected_td and hash(back) == expected_hash
-          check_dag_output(back.unflatten(own_leaves), shared_tree)
-        elif action == 4:
-          children = expected_td.children()
-          assert children == expected_children
-          rebuilt = pt.PyTreeDef.from_node_data_and_children(
-              REG, expected_td.node_data(), children)
-          assert rebuilt == expected_td
-          assert pt.treedef_tuple(REG, children).num_leaves == 6
-        elif action == 5:
-          inner = REG.flatten((1, 2))[1]
-          composed = expected_td.compose(inner)
-          assert composed.num_leaves == 12
-          out = composed.unflatten(range(12))
-          assert out[1]["b"] is out[3][1][0]
-        elif action == 6:
-          calls = []
-          expected_td.walk(lambda c, d: calls.append(d) or c, lambda x: x,
-                           own_leaves)
-          # Shared nodes built once: p, d, q, the dict, Plain, the inner
-          # list, the tuple and the root list.
-          assert len(calls) == 8
-          iterable = expected_td.walk(lambda c, d: list(c), lambda x: x,
-                                      own_leaves)
-          check_dag_output(expected_td.from_iterable_tree(iterable),
-                           shared_tree)
-        elif action == 7:
-          # Register a new type; others will use it.
-          opted_in = rng.random() < 0.7
-          cls = new_type(k, i, opted_in, rng.random() < 0.4)
-          with NEW_TYPES_LOCK:
-            NEW_TYPES.append((cls, opted_in))
-          check_new_type(cls, opted_in)
-        elif action == 8:
-          with NEW_TYPES_LOCK:
-            choices = list(NEW_TYPES)
-          if choices:
-            check_new_type(*rng.choice(choices))
-        elif action == 9:
-          for other in published:
-            if other is not None:
-              assert other == expected_td and hash(other) == expected_hash
-              assert repr(other) == expected_repr
-        elif action == 10:
-          leaves, td = own_reg.flatten([own_tree[0]] * 3)
-          assert td.num_leaves == 2 and td.num_nodes == 6
-          out = td.unflatten(leaves)
-          assert out[0] is out[1] is out[2]
-        else:
-          gc.collect(rng.choice([0, 1, 2]))
-        counts[k] += 1
-    except BaseException as e:  # noqa: BLE001 -- collected and asserted.
-      import traceback
-      errors.append((k, "".join(traceback.format_exception(e))))
+    for i in range(ITERATIONS):
+      action = rng.randrange(12)
+      if action == 0:
+        leaves, td = REG.flatten(shared_tree)
+        assert td == expected_td and hash(td) == expected_hash
+        assert all(a is b for a, b in zip(leaves, shared_leaves))
+        assert repr(td) == expected_repr
+        published[k] = td
+      elif action == 1:
+        tree = own_tree if i % 2 else shared_tree
+        leaves, td = REG.flatten(tree)
+        out = td.unflatten(leaves)
+        check_dag_output(out, tree)
+        assert td.flatten_up_to(out) == leaves
+        assert REG.flatten(out)[1] == expected_td
+      elif action == 2:
+        pairs, td = REG.flatten_with_path(shared_tree)
+        assert [p for p, _ in pairs] == expected_paths
+        assert td == expected_td
+      elif action == 3:
+        back = pickle.loads(pickle.dumps(expected_td))
+        assert back == expected_td and hash(back) == expected_hash
+        check_dag_output(back.unflatten(own_leaves), shared_tree)
+      elif action == 4:
+        children = expected_td.children()
+        assert children == expected_children
+        rebuilt = pt.PyTreeDef.from_node_data_and_children(
+            REG, expected_td.node_data(), children)
+        assert rebuilt == expected_td
+        assert pt.treedef_tuple(REG, children).num_leaves == 6
+      elif action == 5:
+        inner = REG.flatten((1, 2))[1]
+        composed = expected_td.compose(inner)
+        assert composed.num_leaves == 12
+        out = composed.unflatten(range(12))
+        assert out[1]["b"] is out[3][1][0]
+      elif action == 6:
+        calls = []
+        expected_td.walk(lambda c, d: calls.append(d) or c, lambda x: x,
+                         own_leaves)
+        # Shared nodes built once: p, d, q, the dict, Plain, the inner
+        # list, the tuple and the root list.
+        assert len(calls) == 8
+        iterable = expected_td.walk(lambda c, d: list(c), lambda x: x,
+                                    own_leaves)
+        check_dag_output(expected_td.from_iterable_tree(iterable),
+                         shared_tree)
+      elif action == 7:
+        # Register a new type; others will use it.
+        opted_in = rng.random() < 0.7
+        cls = new_type(k, i, opted_in, rng.random() < 0.4)
+        with NEW_TYPES_LOCK:
+          NEW_TYPES.append((cls, opted_in))
+        check_new_type(cls, opted_in)
+      elif action == 8:
+        with NEW_TYPES_LOCK:
+          choices = list(NEW_TYPES)
+        if choices:
+          check_new_type(*rng.choice(choices))
+      elif action == 9:
+        for other in published:
+          if other is not None:
+            assert other == expected_td and hash(other) == expected_hash
+            assert repr(other) == expected_repr
+      elif action == 10:
+        leaves, td = own_reg.flatten([own_tree[0]] * 3)
+        assert td.num_leaves == 2 and td.num_nodes == 6
+        out = td.unflatten(leaves)
+        assert out[0] is out[1] is out[2]
+      else:
+        gc.collect(rng.choice([0, 1, 2]))
+      counts[k] += 1
 
-  old = sys.getswitchinterval()
-  sys.setswitchinterval(1e-5)
-  try:
-    threads = [threading.Thread(target=worker, args=(k,))
-               for k in range(N_THREADS)]
-    for t in threads:
-      t.start()
-    for t in threads:
-      t.join(timeout=300)
-    assert not any(t.is_alive() for t in threads)
-  finally:
-    sys.setswitchinterval(old)
+  errors = run_in_threads(worker, N_THREADS, timeout=300)
   assert not errors, f"{len(errors)} threads failed:\n" + "\n".join(
       f"thread {k}: {tb}" for k, tb in errors[:3])
   assert counts == [ITERATIONS] * N_THREADS

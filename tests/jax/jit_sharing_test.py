@@ -1,6 +1,5 @@
 """jax.jit with relative identities: slow path, C++ fast path, and caching."""
 
-import dataclasses
 import functools
 import inspect
 
@@ -16,32 +15,7 @@ from jax import tree_util
 from jax._src import test_util as jtu
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-
-class Child:
-
-  def __init__(self, x):
-    self.x = x
-
-tree_util.register_pytree_node(
-    Child, lambda c: ((c.x,), None), lambda _, xs: Child(*xs),
-    preserve_relative_identities=True)
-
-
-class Parent:
-
-  def __init__(self, left, right):
-    self.left = left
-    self.right = right
-
-tree_util.register_pytree_node(
-    Parent, lambda p: ((p.left, p.right), None), lambda _, xs: Parent(*xs),
-    preserve_relative_identities=True)
-
-
-@tree_util.register_dataclass(preserve_relative_identities=True)
-@dataclasses.dataclass
-class Param:
-  value: jax.Array
+from shared_nodes import Child, Parent, Param
 
 
 @tree_util.register_pytree_node_class(preserve_relative_identities=True)

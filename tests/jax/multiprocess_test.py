@@ -33,7 +33,7 @@ def findings():
   port = free_port()
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   procs = [subprocess.Popen(
-      [sys.executable, "-P", str(WORKER), str(i), str(NUM_PROCESSES),
+      [sys.executable, str(WORKER), str(i), str(NUM_PROCESSES),
        str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
       env=env) for i in range(NUM_PROCESSES)]
   outputs = []

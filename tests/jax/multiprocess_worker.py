@@ -20,6 +20,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from shared_nodes import Param  # this script's folder is first on the path
+
 jax.config.update("jax_cpu_collectives_implementation", "gloo")
 address = f"127.0.0.1:{port}"
 # coordinator_bind_address: the coordinator listens on loopback only, not on
@@ -29,12 +31,6 @@ jax.distributed.initialize(
     process_id=process_id, coordinator_bind_address=address,
     initialization_timeout=60, heartbeat_timeout_seconds=30,
     shutdown_timeout_seconds=30)
-
-
-@jax.tree_util.register_dataclass(preserve_relative_identities=True)
-@dataclasses.dataclass
-class Param:
-  value: jax.Array
 
 
 @jax.tree_util.register_dataclass

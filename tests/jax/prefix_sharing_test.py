@@ -8,21 +8,15 @@ subtree holding the node. Two values for one node raise SharedPrefixError
 naming the spec and both places.
 """
 
-import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
-from jax import tree_util
 from jax.sharding import NamedSharding, PartitionSpec as P
 from jax._src import test_util as jtu
 from jax._src.tree_util import SharedPrefixError
 
-
-@tree_util.register_dataclass(preserve_relative_identities=True)
-@dataclasses.dataclass
-class Param:
-  value: jax.Array
+from shared_nodes import Param
 
 
 def both(a, b):

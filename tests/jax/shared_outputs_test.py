@@ -5,21 +5,14 @@ cotangent). Rules written for stock JAX see each of its occurrences as an
 output of its own; they must still count its cotangent exactly once.
 """
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
 from jax import lax
-from jax import tree_util
 from jax._src import test_util as jtu
 
-
-@tree_util.register_dataclass(preserve_relative_identities=True)
-@dataclasses.dataclass
-class Param:
-  value: jax.Array
+from shared_nodes import Param
 
 
 @jax.custom_vjp

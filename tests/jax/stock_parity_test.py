@@ -13,6 +13,8 @@ from jax import tree_util
 from jax._src import test_util as jtu
 from jax._src import tree_util as tree_util_internal
 
+from shared_nodes import Child
+
 
 def _generator():
   yield 1
@@ -26,17 +28,6 @@ class Point:
 
 tree_util.register_pytree_node(
     Point, lambda p: ((p.x,), None), lambda _, xs: Point(*xs))
-
-
-class Shared:
-
-  def __init__(self, x):
-    self.x = x
-
-
-tree_util.register_pytree_node(
-    Shared, lambda s: ((s.x,), None), lambda _, xs: Shared(*xs),
-    preserve_relative_identities=True)
 
 
 class IterableLeafWarningTest(jtu.JaxTestCase):
@@ -87,7 +78,7 @@ class GcReferentsTest(jtu.JaxTestCase):
   def test_registry_referents(self):
     referents = gc.get_referents(tree_util.default_registry)
     self.assertIn(Point, referents)
-    self.assertIn(Shared, referents)
+    self.assertIn(Child, referents)
 
 
 class RegistriesCompareTest(jtu.JaxTestCase):
@@ -107,11 +98,11 @@ class RegistriesCompareTest(jtu.JaxTestCase):
   def test_sharing_is_not_stock_structure(self):
     # The dispatch registry knows nothing of sharing: [s, s] flattens to two
     # nodes there, one node and a reference here.
-    s = Shared(1)
+    s = Child(1)
     _, ours = tree_util.default_registry.flatten([s, s])
     _, stock = tree_util_internal.dispatch_registry.flatten([s, s])
     self.assertNotEqual(ours, stock)
-    _, unshared = tree_util.default_registry.flatten([s, Shared(2)])
+    _, unshared = tree_util.default_registry.flatten([s, Child(2)])
     self.assertEqual(unshared, stock)
 
 

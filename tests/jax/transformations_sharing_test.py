@@ -13,11 +13,7 @@ from jax import lax
 from jax import tree_util
 from jax._src import test_util as jtu
 
-
-@tree_util.register_dataclass(preserve_relative_identities=True)
-@dataclasses.dataclass
-class Param:
-  value: jax.Array
+from shared_nodes import Param
 
 
 @tree_util.register_dataclass

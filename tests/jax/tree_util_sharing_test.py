@@ -15,32 +15,7 @@ from jax import tree_util
 from jax._src import test_util as jtu
 from jax._src import tree_util as tree_util_internal
 
-
-class Child:
-  """Registered with register_pytree_node(..., preserve_relative_identities=True)."""
-
-  def __init__(self, x):
-    self.x = x
-
-tree_util.register_pytree_node(
-    Child, lambda c: ((c.x,), None), lambda _, xs: Child(*xs),
-    preserve_relative_identities=True)
-
-
-@tree_util.register_pytree_node_class(preserve_relative_identities=True)
-class Parent:
-
-  def __init__(self, left, right):
-    self.left = left
-    self.right = right
-
-  def tree_flatten(self):
-    return (self.left, self.right), None
-
-  @classmethod
-  def tree_unflatten(cls, aux, children):
-    del aux
-    return cls(*children)
+from shared_nodes import Child, Parent, Param
 
 
 class KeyedNode:
@@ -71,12 +46,6 @@ class KeyedClass:
   def tree_unflatten(cls, aux, children):
     del aux
     return cls(*children)
-
-
-@tree_util.register_dataclass(preserve_relative_identities=True)
-@dataclasses.dataclass
-class Param:
-  value: object
 
 
 @tree_util.register_dataclass
