@@ -13,7 +13,6 @@ undone, as a user would do it: once, after importing Equinox.
 import io
 
 from absl.testing import absltest
-import numpy as np
 
 import equinox as eqx
 import jax
@@ -27,24 +26,16 @@ jax.tree_util.preserve_relative_identities(eqx.Module)
 import equinox_tied_lm as lm  # noqa: E402  (defines its modules after the opt-in)
 
 
-
-def _stock_training():
-  return stock_reference.run_with_stock_jax(
-      lm.__file__, "equinox and optax")
-
-
 def _serialised_size(tree):
   buffer = io.BytesIO()
   eqx.tree_serialise_leaves(buffer, tree)
   return buffer.tell()
 
 
-class EquinoxSharingTest(jtu.JaxTestCase):
+class EquinoxSharingTest(stock_reference.StockReferenceTestCase):
 
-  @classmethod
-  def setUpClass(cls):
-    super().setUpClass()
-    cls.stock = _stock_training()
+  stock_script = lm.__file__
+  stock_needs = "equinox and optax"
 
   def setUp(self):
     super().setUp()
@@ -57,19 +48,10 @@ class EquinoxSharingTest(jtu.JaxTestCase):
     self.assertLen(lm.weights(self.model), len(self.stock["weights"]))
 
   def _assert_trains_like_eqx_shared_on_stock(self, jit):
-    def tie_holds(model):
-      self.assertIs(model.embedding, model.unembedding)
-
-    # optax's bias correction mixes Python floats with int32 counts, which
-    # the strict promotion that JaxTestCase sets refuses.
-    with jax.numpy_dtype_promotion("standard"):
-      losses, model = lm.train(self.model, jit, after_step=tie_holds)
-    np.testing.assert_allclose(losses, self.stock["losses"], rtol=1e-5)
-    self.assertLess(losses[-1], losses[0] / 2)
-    ours = lm.weights(model)
-    self.assertLen(ours, len(self.stock["weights"]))
-    for mine, theirs in zip(ours, self.stock["weights"]):
-      np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+    self.assertTrainsLikeStock(
+        lambda after_step: lm.train(self.model, jit, after_step),
+        tied=lambda model: (model.embedding, model.unembedding),
+        values=lm.weights, values_key="weights", loss_ratio=0.5)
 
   def test_filter_jit_training_matches_eqx_shared_on_stock(self):
     self._assert_trains_like_eqx_shared_on_stock(eqx.filter_jit)

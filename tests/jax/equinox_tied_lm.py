@@ -17,10 +17,11 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 import equinox as eqx
 import optax
+
+import training
 
 VOCAB, DIM, SEQ, BATCH = 32, 16, 8, 4
 STEPS = 20
@@ -141,21 +142,14 @@ def step(model, opt_state, inputs, targets):
 def train(model, jit, after_step=lambda model: None):
   """STEPS optimizer steps with `step` compiled by `jit`; the losses and the
   trained model. `after_step(model)` sees the model after every step."""
-  compiled = jit(step)
   opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
-  inputs, targets = batch()
-  losses = []
-  for _ in range(STEPS):
-    value, model, opt_state = compiled(model, opt_state, inputs, targets)
-    losses.append(float(value))
-    after_step(model)
-  return losses, model
+  return training.train(jit(step), (model, opt_state), batch(), STEPS,
+                        after_step)
 
 
 def weights(model):
   """The model's arrays as lists of floats, in leaf order."""
-  return [np.asarray(leaf, np.float64).ravel().tolist()
-          for leaf in jax.tree.leaves(eqx.filter(model, eqx.is_array))]
+  return training.as_floats(eqx.filter(model, eqx.is_array))
 
 
 if __name__ == "__main__":

@@ -16,18 +16,13 @@ import shutil
 import subprocess
 import sys
 
-import pytest
+import stock_reference
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-STOCK_PYTHON = "JAXLIB_PATCH_STOCK_PYTHON"
 
 
 def stock_python():
-  python = os.environ.get(STOCK_PYTHON)
-  if not python:
-    pytest.fail(f"{STOCK_PYTHON} must name a Python with stock jaxlib "
-                "installed", pytrace=False)
-  return python
+  return stock_reference.stock_python("stock jaxlib")
 
 
 def custom_wheel(name):

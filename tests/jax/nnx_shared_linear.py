@@ -10,10 +10,11 @@ import json
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from flax import nnx
 import optax
+
+import training
 
 STEPS = 20
 LEARNING_RATE = 1e-2
@@ -48,7 +49,6 @@ def new_model_and_optimizer():
 
 def train_graph_mode(after_step=lambda model: None):
   """STEPS steps under `nnx.jit`, which updates the model in place."""
-  model, optimizer = new_model_and_optimizer()
 
   @nnx.jit
   def step(model, optimizer, x, y):
@@ -56,18 +56,16 @@ def train_graph_mode(after_step=lambda model: None):
     optimizer.update(model, grads)
     return value
 
-  x, y = data()
-  losses = []
-  for _ in range(STEPS):
-    losses.append(float(step(model, optimizer, x, y)))
-    after_step(model)
-  return losses, model
+  def step_in_place(model, optimizer, x, y):
+    return step(model, optimizer, x, y), model, optimizer
+
+  return training.train(step_in_place, new_model_and_optimizer(), data(),
+                        STEPS, after_step)
 
 
 def train_tree_mode(after_step=lambda model: None):
   """STEPS steps under plain `jax.jit`: the model and optimizer are pytrees,
   passed in and returned."""
-  model, optimizer = new_model_and_optimizer()
 
   @jax.jit
   def step(model, optimizer, x, y):
@@ -75,19 +73,13 @@ def train_tree_mode(after_step=lambda model: None):
     optimizer.update(model, grads)
     return value, model, optimizer
 
-  x, y = data()
-  losses = []
-  for _ in range(STEPS):
-    value, model, optimizer = step(model, optimizer, x, y)
-    losses.append(float(value))
-    after_step(model)
-  return losses, model
+  return training.train(step, new_model_and_optimizer(), data(), STEPS,
+                        after_step)
 
 
 def parameters(model):
   """The model's parameters (the shared layer's once) as lists of floats."""
-  return [np.asarray(leaf, np.float64).ravel().tolist()
-          for leaf in jax.tree.leaves(nnx.state(model, nnx.Param))]
+  return training.as_floats(nnx.state(model, nnx.Param))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ would do it: once, after importing Flax.
 
 
 from absl.testing import absltest
-import numpy as np
 
 import jax
 from flax import nnx
@@ -27,18 +26,10 @@ jax.tree_util.preserve_relative_identities(nnx.Variable)
 import nnx_shared_linear as shared_linear  # noqa: E402
 
 
+class NnxSharingTest(stock_reference.StockReferenceTestCase):
 
-def _stock_training():
-  return stock_reference.run_with_stock_jax(
-      shared_linear.__file__, "flax and optax")
-
-
-class NnxSharingTest(jtu.JaxTestCase):
-
-  @classmethod
-  def setUpClass(cls):
-    super().setUpClass()
-    cls.stock = _stock_training()
+  stock_script = shared_linear.__file__
+  stock_needs = "flax and optax"
 
   def setUp(self):
     super().setUp()
@@ -53,19 +44,10 @@ class NnxSharingTest(jtu.JaxTestCase):
     self.assertLen(jax.tree.leaves(self.model), 4)
 
   def _assert_trains_like_stock(self, train):
-    def sharing_holds(model):
-      self.assertIs(model.first, model.last)
-
-    # optax's bias correction mixes Python floats with int32 counts, which
-    # the strict promotion that JaxTestCase sets refuses.
-    with jax.numpy_dtype_promotion("standard"):
-      losses, model = train(after_step=sharing_holds)
-    np.testing.assert_allclose(losses, self.stock["losses"], rtol=1e-5)
-    self.assertLess(losses[-1], losses[0])
-    ours = shared_linear.parameters(model)
-    self.assertLen(ours, len(self.stock["parameters"]))
-    for mine, theirs in zip(ours, self.stock["parameters"]):
-      np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
+    self.assertTrainsLikeStock(
+        train, tied=lambda model: (model.first, model.last),
+        values=shared_linear.parameters, values_key="parameters",
+        loss_ratio=1)
 
   def test_plain_jax_jit_tree_mode_trains_like_nnx_jit_on_stock(self):
     self._assert_trains_like_stock(shared_linear.train_tree_mode)

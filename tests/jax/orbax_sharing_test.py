@@ -13,11 +13,9 @@ import pathlib
 import tempfile
 
 from absl.testing import absltest
-import numpy as np
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 from flax import nnx
 from jax import tree_util
 from jax._src import test_util as jtu

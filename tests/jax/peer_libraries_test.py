@@ -16,18 +16,14 @@ import stock_reference
 import peer_steps
 
 
+class PeerLibrariesTest(stock_reference.StockReferenceTestCase):
 
-def _stock_results():
-  return stock_reference.run_with_stock_jax(
-      peer_steps.__file__, "equinox and flax")
-
-
-class PeerLibrariesTest(jtu.JaxTestCase):
+  stock_script = peer_steps.__file__
+  stock_needs = "equinox and flax"
 
   @classmethod
   def setUpClass(cls):
     super().setUpClass()
-    cls.stock = _stock_results()
     cls.patched = peer_steps.run_all()
 
   def test_the_two_runs_use_the_two_pytree_modules(self):

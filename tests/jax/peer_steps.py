@@ -9,7 +9,8 @@ import json
 
 import jax
 import jax.numpy as jnp
-import numpy as np
+
+import training
 
 LEARNING_RATE = 0.1
 
@@ -18,11 +19,6 @@ def _data():
   x = jnp.linspace(-1.0, 1.0, 64, dtype=jnp.float32).reshape(16, 4)
   y = jnp.stack([jnp.sin(x.sum(axis=1)), jnp.cos(x[:, 0])], axis=1)
   return x, y
-
-
-def _floats(tree):
-  return [np.asarray(leaf, np.float64).ravel().tolist()
-          for leaf in jax.tree.leaves(tree)]
 
 
 def equinox_mlp_step():
@@ -44,7 +40,7 @@ def equinox_mlp_step():
   first, model = step(model, x, y)
   second, model = step(model, x, y)
   return {"losses": [float(first), float(second)],
-          "params": _floats(eqx.filter(model, eqx.is_array))}
+          "params": training.as_floats(eqx.filter(model, eqx.is_array))}
 
 
 def nnx_linear_step():
@@ -64,7 +60,7 @@ def nnx_linear_step():
     return value
 
   losses = [float(step(model, x, y)), float(step(model, x, y))]
-  return {"losses": losses, "params": _floats(nnx.state(model, nnx.Param))}
+  return {"losses": losses, "params": training.as_floats(nnx.state(model, nnx.Param))}
 
 
 def run_all():

@@ -9,7 +9,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
-from jax import lax
 from jax._src import test_util as jtu
 
 from shared_nodes import Param

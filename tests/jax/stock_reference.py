@@ -3,26 +3,71 @@
 The JAX-level tests run on the custom wheels; the numbers they compare with
 come from running a script of this folder with the interpreter named by
 JAXLIB_PATCH_STOCK_PYTHON (stock jax 0.10.2 and the peer libraries; tests/run.sh
-sets it), isolated (-I) so that nothing of the custom environment leaks in.
-The script prints its results as JSON.
+sets it), isolated from this environment (-E -s: no PYTHON* variables, no user
+site-packages) so that nothing of the custom environment leaks in, with the
+script's own folder first on the path so that it imports its helpers
+(training.py). The script prints its results as JSON.
 """
 
 import json
 import os
 import subprocess
 
+import jax
+import numpy as np
+from jax._src import test_util as jtu
+
 STOCK_PYTHON = "JAXLIB_PATCH_STOCK_PYTHON"
+
+
+def stock_python(needs):
+  """The interpreter named by JAXLIB_PATCH_STOCK_PYTHON; ``needs`` names what
+  it must have installed, for the error when the variable is unset."""
+  python = os.environ.get(STOCK_PYTHON)
+  if not python:
+    raise RuntimeError(f"{STOCK_PYTHON} must name a Python with {needs} "
+                       "installed")
+  return python
 
 
 def run_with_stock_jax(script, needs):
   """The JSON that ``script`` prints when run with stock jax; ``needs`` names
-  the packages it imports besides jax, for the error when the variable is
-  unset."""
-  python = os.environ.get(STOCK_PYTHON)
-  if not python:
-    raise RuntimeError(
-        f"{STOCK_PYTHON} must name a Python with stock jax 0.10.2 and {needs} "
-        "installed")
-  done = subprocess.run([python, "-I", script], capture_output=True,
+  the packages it imports besides jax."""
+  python = stock_python(f"stock jax 0.10.2 and {needs}")
+  done = subprocess.run([python, "-E", "-s", script], capture_output=True,
                         text=True, check=True)
   return json.loads(done.stdout)
+
+
+class StockReferenceTestCase(jtu.JaxTestCase):
+  """Tests that compare with ``self.stock``: the JSON that the script
+  ``stock_script`` prints under stock JAX, run once for the class;
+  ``stock_needs`` names the packages it imports besides jax."""
+
+  stock_script = None
+  stock_needs = None
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.stock = run_with_stock_jax(cls.stock_script, cls.stock_needs)
+
+  def assertTrainsLikeStock(self, train, tied, values, values_key,
+                            loss_ratio):
+    """``train(after_step=...)`` keeps the tie between the two places
+    ``tied(model)`` names after every step, gives the stock run's losses,
+    lowers the loss below ``loss_ratio`` times the first, and ends with the
+    stock run's numbers (``values(model)`` beside ``stock[values_key]``)."""
+    def tie_holds(model):
+      self.assertIs(*tied(model))
+
+    # optax's bias correction mixes Python floats with int32 counts, which
+    # the strict promotion that JaxTestCase sets refuses.
+    with jax.numpy_dtype_promotion("standard"):
+      losses, model = train(after_step=tie_holds)
+    np.testing.assert_allclose(losses, self.stock["losses"], rtol=1e-5)
+    self.assertLess(losses[-1], losses[0] * loss_ratio)
+    ours = values(model)
+    self.assertLen(ours, len(self.stock[values_key]))
+    for mine, theirs in zip(ours, self.stock[values_key]):
+      np.testing.assert_allclose(mine, theirs, rtol=1e-5, atol=1e-6)
