@@ -69,6 +69,8 @@ import sys
 import tempfile
 import time
 
+from machine import cpu_model
+
 NUM_LAYERS = 100
 NUM_DICT = 100
 KINDS = ("tree", "scalar")
@@ -458,7 +460,7 @@ def default_patched_python():
 
 def run_child(python, variant, args, tmpdir, k):
     out = os.path.join(tmpdir, f"{variant}{k}.json")
-    cmd = [python, "-I", os.path.abspath(__file__), "--child", variant,
+    cmd = [python, "-E", "-s", os.path.abspath(__file__), "--child", variant,
            "--child-out", out, "--rounds", str(args.rounds),
            "--seed", str(args.seed), "--compile-reps", str(args.compile_reps)]
     env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
@@ -607,7 +609,7 @@ def parent_main(args):
             json.dump({
                 "date": datetime.date.today().isoformat(),
                 "machine": {"nproc": os.cpu_count(), "platform": platform.platform(),
-                            "cpu": cpu_name()},
+                            "cpu": cpu_model()},
                 "argv": sys.argv, "stock_python": stock_py,
                 "patched_python": patched_py, "runs": args.runs,
                 "rounds": args.rounds, "batch_calls": BATCH_CALLS,
@@ -619,17 +621,6 @@ def parent_main(args):
                 "raw_times_us": {v: [r["times_us"] for r in runs[v]] for v in runs},
             }, fh, indent=1)
     return 0 if met == len(targets) or not args.strict else 1
-
-
-def cpu_name():
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def main():

@@ -45,6 +45,8 @@ from jaxlib._jax import pytree as stock_pytree
 
 import jaxlib_patch.pytree as our_pytree
 
+from machine import cpu_model
+
 OPTREE_NAMESPACE = "bench_pytree"
 OPS = ("flatten", "unflatten", "flatten_up_to")
 LIBRARIES = ("stock", "ours", "opt-in", "optree")
@@ -286,17 +288,6 @@ def format_targets(results):
         lines.append(f"{verdict}  {r['case']:<26} {r['op']:<14} "
                      f"{r['library']}/stock = {r['ratio']:.2f}x (target <= {r['limit']:.2f}x)")
     return "\n".join(lines)
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def machine_info():
