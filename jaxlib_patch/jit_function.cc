@@ -151,17 +151,26 @@ bool IsStaticPosition(const JitFunctionObject* self, Py_ssize_t i,
   return IsStaticPosition(self->static_argnums, i, nargs);
 }
 
+// `static_argnames` as the tuple IsStaticName searches, interned so that the
+// call's keyword names (interned by CPython) mostly match by identity.
+nb::tuple StaticArgnamesTuple(std::vector<nb::str> static_argnames) {
+  nb::tuple names = nb::steal<nb::tuple>(PyTuple_New(static_argnames.size()));
+  if (!names.is_valid()) throw nb::python_error();
+  for (size_t k = 0; k < static_argnames.size(); ++k) {
+    PyObject* name = static_argnames[k].release().ptr();
+    PyUnicode_InternInPlace(&name);
+    PyTuple_SET_ITEM(names.ptr(), k, name);
+  }
+  return names;
+}
+
 // A call's arguments split as a JitFunction call splits them: (dynamic args,
 // dynamic kwargs, static args, static kwargs), each in the call's order, the
 // static ones as the dispatch gets them after the DispatchArgs.
 nb::tuple SplitStaticArgs(nb::tuple args, nb::dict kwargs,
                           std::vector<Py_ssize_t> static_argnums,
                           std::vector<nb::str> static_argnames) {
-  nb::tuple names = nb::steal<nb::tuple>(PyTuple_New(static_argnames.size()));
-  if (!names.is_valid()) throw nb::python_error();
-  for (size_t k = 0; k < static_argnames.size(); ++k) {
-    PyTuple_SET_ITEM(names.ptr(), k, static_argnames[k].release().ptr());
-  }
+  nb::tuple names = StaticArgnamesTuple(std::move(static_argnames));
   const Py_ssize_t nargs = static_cast<Py_ssize_t>(args.size());
   nb::list dynamic_args, static_args;
   for (Py_ssize_t i = 0; i < nargs; ++i) {
@@ -432,13 +441,7 @@ nb::object MakeJitFunction(nb::callable fun, nb::callable dispatch,
                           ".")
                              .c_str());
   }
-  nb::tuple names = nb::steal<nb::tuple>(PyTuple_New(static_argnames.size()));
-  if (!names.is_valid()) throw nb::python_error();
-  for (size_t k = 0; k < static_argnames.size(); ++k) {
-    PyObject* name = static_argnames[k].release().ptr();
-    PyUnicode_InternInPlace(&name);
-    PyTuple_SET_ITEM(names.ptr(), k, name);
-  }
+  nb::tuple names = StaticArgnamesTuple(std::move(static_argnames));
   PyObject* self = jit_function_type->tp_alloc(jit_function_type, 0);
   if (self == nullptr) throw nb::python_error();
   auto* o = reinterpret_cast<JitFunctionObject*>(self);
