@@ -115,15 +115,15 @@ PyType_Spec dispatch_args_spec = {
 
 PyTypeObject* jit_function_type = nullptr;
 
-// Whether keyword `name` is one of the static argument names.
-bool IsStaticName(const JitFunctionObject* self, PyObject* name) {
-  PyObject* names = self->static_argnames.ptr();
-  const Py_ssize_t n = PyTuple_GET_SIZE(names);
+// Whether keyword `name` is one of `static_argnames` (a tuple of str).
+bool IsStaticName(PyObject* static_argnames, PyObject* name) {
+  const Py_ssize_t n = PyTuple_GET_SIZE(static_argnames);
   for (Py_ssize_t i = 0; i < n; ++i) {
-    if (PyTuple_GET_ITEM(names, i) == name) return true;
+    if (PyTuple_GET_ITEM(static_argnames, i) == name) return true;
   }
   for (Py_ssize_t i = 0; i < n; ++i) {
-    const int equal = PyUnicode_Compare(PyTuple_GET_ITEM(names, i), name);
+    const int equal =
+        PyUnicode_Compare(PyTuple_GET_ITEM(static_argnames, i), name);
     if (equal == -1 && PyErr_Occurred()) throw nb::python_error();
     if (equal == 0) return true;
   }
@@ -131,15 +131,69 @@ bool IsStaticName(const JitFunctionObject* self, PyObject* name) {
 }
 
 // Whether positional argument `i` of a call with `nargs` of them is static.
-// The one rule of jax.jit (also FlatTree.flatten_static_argnums_argnames):
-// a negative index counts from the end; one that lands outside the call's
-// positional arguments makes nothing static.
-bool IsStaticPosition(const JitFunctionObject* self, Py_ssize_t i,
-                      Py_ssize_t nargs) {
-  for (Py_ssize_t index : self->static_argnums) {
+// The one rule of jax.jit, for calls and for `lower`/`trace` (through
+// `split_static_args`): a negative index counts from the end; one that lands
+// outside the call's positional arguments makes nothing static.
+bool IsStaticPosition(const std::vector<Py_ssize_t>& static_argnums,
+                      Py_ssize_t i, Py_ssize_t nargs) {
+  for (Py_ssize_t index : static_argnums) {
     if ((index < 0 ? index + nargs : index) == i) return true;
   }
   return false;
+}
+
+bool IsStaticName(const JitFunctionObject* self, PyObject* name) {
+  return IsStaticName(self->static_argnames.ptr(), name);
+}
+
+bool IsStaticPosition(const JitFunctionObject* self, Py_ssize_t i,
+                      Py_ssize_t nargs) {
+  return IsStaticPosition(self->static_argnums, i, nargs);
+}
+
+// `static_argnames` as the tuple IsStaticName searches, interned so that the
+// call's keyword names (interned by CPython) mostly match by identity.
+nb::tuple StaticArgnamesTuple(std::vector<nb::str> static_argnames) {
+  nb::tuple names = nb::steal<nb::tuple>(PyTuple_New(static_argnames.size()));
+  if (!names.is_valid()) throw nb::python_error();
+  for (size_t k = 0; k < static_argnames.size(); ++k) {
+    PyObject* name = static_argnames[k].release().ptr();
+    PyUnicode_InternInPlace(&name);
+    PyTuple_SET_ITEM(names.ptr(), k, name);
+  }
+  return names;
+}
+
+// A call's arguments split as a JitFunction call splits them: (dynamic args,
+// dynamic kwargs, static args, static kwargs), each in the call's order, the
+// static ones as the dispatch gets them after the DispatchArgs.
+nb::tuple SplitStaticArgs(nb::tuple args, nb::dict kwargs,
+                          std::vector<Py_ssize_t> static_argnums,
+                          std::vector<nb::str> static_argnames) {
+  nb::tuple names = StaticArgnamesTuple(std::move(static_argnames));
+  const Py_ssize_t nargs = static_cast<Py_ssize_t>(args.size());
+  nb::list dynamic_args, static_args;
+  for (Py_ssize_t i = 0; i < nargs; ++i) {
+    (IsStaticPosition(static_argnums, i, nargs) ? static_args : dynamic_args)
+        .append(args[i]);
+  }
+  nb::dict dynamic_kwargs, static_kwargs;
+  for (auto [name, value] : kwargs) {
+    if (!PyUnicode_Check(name.ptr())) {
+      throw nb::type_error(("Keyword argument names must be str, got " +
+                            Repr(name) + ".")
+                               .c_str());
+    }
+    (IsStaticName(names.ptr(), name.ptr()) ? static_kwargs
+                                           : dynamic_kwargs)[name] = value;
+  }
+  auto as_tuple = [](const nb::list& list) {
+    PyObject* tuple = PyList_AsTuple(list.ptr());
+    if (tuple == nullptr) throw nb::python_error();
+    return nb::steal<nb::tuple>(tuple);
+  };
+  return nb::make_tuple(as_tuple(dynamic_args), dynamic_kwargs,
+                        as_tuple(static_args), static_kwargs);
 }
 
 nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
@@ -387,13 +441,7 @@ nb::object MakeJitFunction(nb::callable fun, nb::callable dispatch,
                           ".")
                              .c_str());
   }
-  nb::tuple names = nb::steal<nb::tuple>(PyTuple_New(static_argnames.size()));
-  if (!names.is_valid()) throw nb::python_error();
-  for (size_t k = 0; k < static_argnames.size(); ++k) {
-    PyObject* name = static_argnames[k].release().ptr();
-    PyUnicode_InternInPlace(&name);
-    PyTuple_SET_ITEM(names.ptr(), k, name);
-  }
+  nb::tuple names = StaticArgnamesTuple(std::move(static_argnames));
   PyObject* self = jit_function_type->tp_alloc(jit_function_type, 0);
   if (self == nullptr) throw nb::python_error();
   auto* o = reinterpret_cast<JitFunctionObject*>(self);
@@ -429,6 +477,13 @@ void BindJitFunction(nb::module_& m) {
         "`static_argnames`) with one DispatchArgs followed by the static "
         "arguments. `static_argnums` as given to jax.jit; a negative one "
         "counts from the end of a call's positional arguments.");
+  m.def("split_static_args", &SplitStaticArgs, nb::arg("args"),
+        nb::arg("kwargs"), nb::arg("static_argnums"),
+        nb::arg("static_argnames"),
+        "(dynamic_args, dynamic_kwargs, static_args, static_kwargs): a "
+        "call's `args` (a tuple) and `kwargs` (a dict) split as a call of "
+        "a jitted function splits them (make_jit_function), so that "
+        "`lower` and `trace` see the arguments as calls do.");
 }
 
 }  // namespace jaxlib_patch

@@ -97,6 +97,35 @@ def test_many_arguments():
   assert dispatch_args.leaves == list(range(1, 40, 2)) + [
       int(k[1:]) for k in sorted(f"k{i}" for i in range(20))]
 
+@pytest.mark.parametrize("argnums, argnames", [
+    ((), ()), ((1,), ()), ((-1,), ()), ((-2, 0), ()), ((-9, 7), ()),
+    ((1,), ("n",)), ((), ("n", "mode")), ((0, -1, 2), ("b",))])
+def test_split_static_args_splits_as_calls_do(argnums, argnames):
+  # `lower` and `trace` split with split_static_args: the same dynamic and
+  # static arguments, in the same order, as a call hands to the dispatch.
+  jitted, dispatch = make(static_argnums=argnums, static_argnames=argnames)
+  node = Node(1)
+  for args, kwargs in [((node, 2, node), {"mode": "mul", "n": 3}),
+                       ((node,), {"n": node, "b": 4}), ((), {})]:
+    jitted(*args, **kwargs)
+    (dispatch_args, *statics), static_kwargs = dispatch.calls[-1]
+    dynamic_args, dynamic_kwargs, static_args, split_static_kwargs = (
+        pt.split_static_args(args, kwargs, list(argnums), list(argnames)))
+    assert static_args == tuple(statics)
+    assert list(split_static_kwargs.items()) == list(static_kwargs.items())
+    assert dispatch_args.treedef == REG.flatten(
+        (dynamic_args, dynamic_kwargs))[1]
+
+
+def test_split_static_args_bad_input():
+  with pytest.raises(TypeError, match="must be str"):
+    pt.split_static_args((), {0: 1}, [], ["a"])
+  with pytest.raises(TypeError):
+    pt.split_static_args([1], {}, [0], [])
+  with pytest.raises(TypeError):
+    pt.split_static_args((1,), {}, ["0"], [])
+
+
 
 def test_errors_propagate():
   def failing(*args, **kwargs):

@@ -185,6 +185,64 @@ class JitFrontDoorTest(jtu.JaxTestCase):
     with self.assertRaisesRegex(ValueError, "greater than or equal to -len"):
       jax.jit(f, static_argnums=-3)(np.float32(2.0), 3.0)
 
+  def test_calls_and_lower_trace_agree_on_static_arguments(self):
+    # Calls split static arguments off in C++; lower, trace and eval_shape
+    # (the slow path) split them with the same C++ split. The output's keys
+    # name the arguments the function saw as static (not tracers).
+    def static_ones(*args, **kwargs):
+      named = [(f"args[{i}]", x) for i, x in enumerate(args)]
+      named += [(k, x) for k, x in kwargs.items()]
+      return {name: jnp.zeros(()) for name, x in named
+              if not isinstance(x, jax.core.Tracer)}
+
+    def named_static(x, n, *, mode=0):
+      return static_ones(x, n, mode=mode)
+
+    x = np.float32(1.0)
+    cases = [
+        # (jax.jit options, function, args, kwargs, the static ones)
+        (dict(static_argnums=-1), static_ones, (x, 2), {}, {"args[1]"}),
+        (dict(static_argnums=-1), static_ones, (x, x, 3), {}, {"args[2]"}),
+        (dict(static_argnums=(0, -1)), static_ones, (4,), {}, {"args[0]"}),
+        (dict(static_argnums=(1, -2)), static_ones, (x, 5, x), {},
+         {"args[1]"}),
+        # An index past the call's positional arguments selects nothing.
+        (dict(static_argnums=5), static_ones, (x, x), {}, set()),
+        (dict(static_argnums=(-1, 7)), static_ones, (x, 6), {"k": x},
+         {"args[1]"}),
+        (dict(static_argnames="k"), static_ones, (x,), {"k": 7, "j": x},
+         {"k"}),
+        # static_argnames given positionally (jax.jit makes them static
+        # positions too) and by keyword.
+        (dict(static_argnames=("n", "mode")), named_static, (x, 8), {},
+         {"args[1]", "mode"}),
+        (dict(static_argnames=("n", "mode")), named_static, (x,),
+         {"n": 9, "mode": 1}, {"args[1]", "mode"}),
+        (dict(static_argnums=1), named_static, (x,), {"n": 10},
+         {"args[1]", "mode"}),
+    ]
+    for options, fun, args, kwargs, expected in cases:
+      with self.subTest(options=options, args=args, kwargs=kwargs):
+        jitted = jax.jit(fun, **options)
+        self.assertEqual(set(jitted(*args, **kwargs)), expected)
+        self.assertEqual(set(jitted(*args, **kwargs)), expected)  # cached
+        self.assertEqual(set(jitted.trace(*args, **kwargs).out_info),
+                         expected)
+        self.assertEqual(set(jitted.lower(*args, **kwargs).out_info),
+                         expected)
+        self.assertEqual(set(jitted.eval_shape(*args, **kwargs)), expected)
+
+    # An index before the first argument: stock's error on every path. (A
+    # function of its own: as in stock, jax.jit's global cache would answer
+    # the call from the entry `static_argnums=5` made, which has the same
+    # dynamic and static arguments.)
+    jitted = jax.jit(lambda *args: static_ones(*args), static_argnums=-3)
+    for path in (jitted, jitted.trace, jitted.lower, jitted.eval_shape):
+      with self.subTest(path=path):
+        with self.assertRaisesRegex(ValueError,
+                                    "greater than or equal to -len"):
+          path(x, x)
+
 
 if __name__ == "__main__":
   absltest.main(testLoader=jtu.JaxTestLoader())
