@@ -7,6 +7,7 @@
 #include <tsl/robin_map.h>
 
 #include "jaxlib_patch/flatten_common.h"
+#include "jaxlib_patch/identity_scope.h"
 #include "jaxlib_patch/pytree.h"
 
 namespace jaxlib_patch {
@@ -19,7 +20,16 @@ namespace {
 class SharingChecker {
  public:
   explicit SharingChecker(const PyTreeDef& treedef)
-      : treedef_(treedef), claims_(treedef.traversal().size()) {}
+      : treedef_(treedef), claims_(treedef.traversal().size()) {
+    // One entry per opted-in first occurrence at most (unless the tree does
+    // not match): sized once, the map never rehashes as it fills.
+    size_t first_occurrences = 0;
+    for (const Node& node : treedef.traversal()) {
+      first_occurrences +=
+          PreservesIdentity(node.custom) && !node.is_reference();
+    }
+    owner_.reserve(first_occurrences);
+  }
 
   void Check(nb::handle obj, Py_ssize_t position) {
     const Node& node = treedef_.traversal()[position];
@@ -58,7 +68,7 @@ class SharingChecker {
  private:
   const PyTreeDef& treedef_;
   // Which canonical index each object met so far stands for.
-  tsl::robin_map<PyObject*, Py_ssize_t> owner_;
+  tsl::robin_map<PyObject*, Py_ssize_t, PointerHash> owner_;
   // By canonical index: the object expected there, and the position that
   // first showed it. Also keeps the objects alive, so no id is reused.
   struct Claim {
@@ -95,6 +105,9 @@ nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
   nb::list leaves = nb::steal<nb::list>(PyList_New(total_leaves));
   Py_ssize_t leaf = total_leaves - 1;
   std::vector<nb::object> agenda;
+  // A matching tree pushes one object per node, so this is the most the
+  // agenda holds: it never reallocates.
+  agenda.reserve(traversal_.size());
   agenda.push_back(nb::borrow(tree));
   std::optional<SharingChecker> sharing;
 
@@ -189,34 +202,36 @@ nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
                         Repr(node.custom->type) + ", value: " + Repr(object) +
                         ".");
         }
-        std::vector<nb::object> children;
+        // The children go straight onto the agenda; on a mismatch below
+        // the agenda is dropped with the exception.
+        const size_t first_child = agenda.size();
         nb::object node_data;
         if (dataclass) {
           node_data = MetaFields(object, *custom);
           for (const nb::str& field : custom->data_fields) {
-            children.push_back(GetAttr(object, field));
+            agenda.push_back(GetAttr(object, field));
           }
         } else {
           auto [iterator, aux] =
               UnpackChildrenAndAux(custom->to_iterable(object), false);
           node_data = std::move(aux);
           ForEach(iterator, [&](nb::object child) {
-            children.push_back(std::move(child));
+            agenda.push_back(std::move(child));
           });
         }
+        const size_t num_children = agenda.size() - first_child;
         if (node.node_data.not_equal(node_data)) {
           ThrowMismatch(std::string(dataclass ? "Mismatch custom dataclass"
                                               : "Mismatch custom") +
                         " node data: " + Repr(node.node_data) + " != " +
                         Repr(node_data) + "; value: " + Repr(object) + ".");
         }
-        if (static_cast<Py_ssize_t>(children.size()) != node.arity) {
+        if (static_cast<Py_ssize_t>(num_children) != node.arity) {
           ThrowMismatch("Custom type arity mismatch: " +
-                        std::to_string(children.size()) + " != " +
+                        std::to_string(num_children) + " != " +
                         std::to_string(node.arity) + "; value: " +
                         Repr(object) + ".");
         }
-        for (nb::object& child : children) agenda.push_back(std::move(child));
         break;
       }
     }

@@ -141,11 +141,12 @@ struct Node {
   bool is_reference() const { return shared_distance != 0; }
 };
 
+// 2^64 divided by the golden ratio: its bits, irregular and half set,
+// spread consecutive values over the whole range.
+constexpr uint64_t kGoldenRatio = 0x9e3779b97f4a7c15ULL;
+
 // Mixes `value` into `seed` (boost's hash_combine).
 inline size_t HashCombine(size_t seed, size_t value) {
-  // 2^64 divided by the golden ratio: its bits, irregular and half set,
-  // spread consecutive values over the whole range.
-  constexpr size_t kGoldenRatio = 0x9e3779b97f4a7c15ULL;
   return seed ^ (value + kGoldenRatio + (seed << 6) + (seed >> 2));
 }
 
