@@ -204,6 +204,8 @@ class Flattener {
         break;
       }
       case PyTreeKind::kDict: {
+        // An empty dict (jit's kwargs, mostly) has no keys to sort.
+        if (PyDict_GET_SIZE(obj.ptr()) == 0) break;
         nb::list keys = SortedDictKeys(obj);
         node.dict_keys.reserve(PyList_GET_SIZE(keys.ptr()));
         for (nb::handle key : keys) {
@@ -360,6 +362,18 @@ std::pair<nb::list, nb::object> PyTreeDef::Flatten(
                        leaves)
       .Flatten(tree);
   return {std::move(leaves), WrapTreeDef(std::move(treedef))};
+}
+
+PyTreeDef PyTreeDef::FlattenUnwrapped(nb::handle registry, nb::handle tree,
+                                      nb::list& leaves,
+                                      size_t expected_num_nodes) {
+  PyTreeRegistry* registry_ptr = nb::cast<PyTreeRegistry*>(registry);
+  PyTreeDef treedef(registry_ptr, nb::borrow(registry));
+  treedef.traversal_.reserve(expected_num_nodes);
+  static const std::optional<nb::callable> no_predicate;
+  Flattener<false>(*registry_ptr, no_predicate, treedef.traversal_, leaves)
+      .Flatten(tree);
+  return treedef;
 }
 
 template std::pair<nb::list, nb::object> PyTreeDef::Flatten<false>(

@@ -128,6 +128,7 @@ int JitFunctionTraverse(PyObject* self, visitproc visit, void* arg) {
   Py_VISIT(o->dispatch.ptr());
   Py_VISIT(o->registry.ptr());
   Py_VISIT(o->static_argnames.ptr());
+  Py_VISIT(o->last_treedef.ptr());
   return 0;
 }
 
@@ -138,6 +139,7 @@ int JitFunctionClear(PyObject* self) {
   o->dispatch.reset();
   o->registry.reset();
   o->static_argnames.reset();
+  o->last_treedef.reset();
   return 0;
 }
 

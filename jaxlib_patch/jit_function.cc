@@ -271,11 +271,24 @@ nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
     }
   }
 
-  auto [leaves, treedef] = PyTreeDef::Flatten<false>(
-      self->registry, nb::make_tuple(dynamic_args, dynamic_kwargs),
-      std::nullopt);
+  // Held here: a node's __eq__ run by Equals may call this function again
+  // and replace `self->last_treedef`.
+  nb::object last_treedef = self->last_treedef;
+  const PyTreeDef* last =
+      last_treedef.is_valid() ? nb::inst_ptr<PyTreeDef>(last_treedef)
+                              : nullptr;
+  nb::list leaves;
+  PyTreeDef treedef = PyTreeDef::FlattenUnwrapped(
+      self->registry, nb::make_tuple(dynamic_args, dynamic_kwargs), leaves,
+      last != nullptr ? last->num_nodes() : 0);
+  // The dispatch uses the treedef only as (part of) its cache key, so an
+  // equal one stands for it.
+  if (last == nullptr || !last->Equals(treedef)) {
+    last_treedef = WrapTreeDef(std::move(treedef));
+    self->last_treedef = last_treedef;
+  }
   nb::object dispatch_arg = MakeDispatchArgs(
-      std::move(leaves), std::move(treedef), call_args, call_kwargs);
+      std::move(leaves), std::move(last_treedef), call_args, call_kwargs);
   dispatch_args[0] = dispatch_arg.ptr();
   const Py_ssize_t num_static_kwargs =
       static_kwnames.is_valid() ? PyTuple_GET_SIZE(static_kwnames.ptr()) : 0;
@@ -311,6 +324,7 @@ void JitFunctionDealloc(PyObject* self) {
   o->registry.~object();
   o->static_argnums.~vector();
   o->static_argnames.~object();
+  o->last_treedef.~object();
   type->tp_free(self);
   Py_DECREF(type);
 }
@@ -452,6 +466,7 @@ nb::object MakeJitFunction(nb::callable fun, nb::callable dispatch,
   new (&o->registry) nb::object(nb::borrow(registry));
   new (&o->static_argnums) std::vector<Py_ssize_t>(std::move(static_argnums));
   new (&o->static_argnames) nb::object(std::move(names));
+  new (&o->last_treedef) nb::object();
   return nb::steal(self);
 }
 

@@ -31,6 +31,12 @@ struct JitFunctionObject {
   // positional arguments); the names as a tuple of str.
   std::vector<Py_ssize_t> static_argnums;
   nb::object static_argnames;
+  // The treedef (a PyTreeDef object) of the last call's dynamic arguments.
+  // A call whose treedef equals it passes this very object to the dispatch,
+  // whose cache then finds its key by identity instead of calling
+  // PyTreeDef.__eq__, and no new treedef object is made. Null before the
+  // first call.
+  nb::object last_treedef;
 };
 
 int DispatchArgsTraverse(PyObject* self, visitproc visit, void* arg);
