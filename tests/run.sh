@@ -2,6 +2,7 @@
 # Runs the whole test suite, from a bare machine (Python 3.11, pip, gcc) up,
 # on every CPython that stock jaxlib ships wheels for and this machine has
 # (3.11, 3.12, 3.13: on PATH or under pyenv; it says which it skipped):
+#   0. the formatting of the C++ and the Python (tests/format.sh --check);
 #   1. per Python, a virtual environment with what the tests need (stock
 #      jaxlib 0.10.2 for the differential tests, hypothesis, pytest, optree);
 #   2. per Python, the module built with setuptools (`pip install .`, warnings
@@ -67,6 +68,11 @@ run_suite() {
 }
 
 module_venv=${JAXLIB_PATCH_VENV:-$root/.venv-test}
+step "formatting (tests/format.sh --check)"
+format_venv=$root/build/format_venv
+[ -x "$format_venv/bin/python" ] || "${interpreter[$first]}" -m venv "$format_venv"
+PYTHON="$format_venv/bin/python" bash tests/format.sh --check
+
 for version in "${found[@]}"; do
   venv=$(venv_of "$version" "$module_venv")
   step "Python $version: virtual environment in $venv"
