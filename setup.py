@@ -20,31 +20,37 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def compile_flags():
-    """The list assignments of jaxlib_patch/compile_flags.bzl, by name."""
-    path = os.path.join(HERE, "jaxlib_patch", "compile_flags.bzl")
-    with open(path, encoding="utf-8") as f:
-        tree = ast.parse(f.read(), path)
-    return {node.targets[0].id: ast.literal_eval(node.value)
-            for node in tree.body if isinstance(node, ast.Assign)}
+  """The list assignments of jaxlib_patch/compile_flags.bzl, by name."""
+  path = os.path.join(HERE, "jaxlib_patch", "compile_flags.bzl")
+  with open(path, encoding="utf-8") as f:
+    tree = ast.parse(f.read(), path)
+  return {
+      node.targets[0].id: ast.literal_eval(node.value)
+      for node in tree.body
+      if isinstance(node, ast.Assign)
+  }
 
 
 FLAGS = compile_flags()
 defines = FLAGS["DEFINES"]
 if sysconfig.get_config_var("Py_GIL_DISABLED"):
-    defines = defines + FLAGS["FREE_THREADED_DEFINES"]
+  defines = defines + FLAGS["FREE_THREADED_DEFINES"]
 compile_args = FLAGS["COPTS"] + ["-D" + d for d in defines]
 if os.environ.get("JAXLIB_PATCH_WERROR") == "1":
-    compile_args += FLAGS["WERROR_COPTS"]
+  compile_args += FLAGS["WERROR_COPTS"]
 link_args = []
 if os.environ.get("JAXLIB_PATCH_SANITIZE"):
-    sanitize = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer",
-                "-fno-sanitize-recover=undefined"]
-    compile_args += ["-O1", "-g"] + sanitize
-    link_args += sanitize
+  sanitize = [
+      "-fsanitize=address,undefined",
+      "-fno-omit-frame-pointer",
+      "-fno-sanitize-recover=undefined",
+  ]
+  compile_args += ["-O1", "-g"] + sanitize
+  link_args += sanitize
 else:
-    # -g0 overrides the -g in Python's own CFLAGS: a 6 MB module shrinks to
-    # the size of the bazel build's.
-    compile_args += ["-DNDEBUG", "-g0"]
+  # -g0 overrides the -g in Python's own CFLAGS: a 6 MB module shrinks to
+  # the size of the bazel build's.
+  compile_args += ["-DNDEBUG", "-g0"]
 
 pytree = Extension(
     "jaxlib_patch.pytree",

@@ -55,6 +55,7 @@ def deep_list_treedef(registry, depth):
 
 
 class Shared:
+
   def __init__(self, aux, *children):
     self.aux = aux
     self.children = children
@@ -74,7 +75,8 @@ def references_timings(registry, n):
       "unflatten": best_per_call(lambda: td.unflatten(leaves), calls),
       "flatten_up_to": best_per_call(lambda: td.flatten_up_to(out), calls),
       "walk": best_per_call(
-          lambda: td.walk(lambda c, d: c, lambda x: x, leaves), calls),
+          lambda: td.walk(lambda c, d: c, lambda x: x, leaves), calls
+      ),
   }
 
 
@@ -91,30 +93,43 @@ def prefix_timings(registry, depth):
   same_sharing = registry.flatten(full.unflatten([0] * full.num_leaves))
   return {
       name: best_per_call(
-          lambda: full.broadcast_flattened_prefix(prefix, leaves), 20,
-          rounds=9)
-      for name, (leaves, prefix) in (("a prefix leaf", leaf_prefix),
-                                     ("the same sharing", same_sharing))
+          lambda: full.broadcast_flattened_prefix(prefix, leaves), 20, rounds=9
+      )
+      for name, (leaves, prefix) in (
+          ("a prefix leaf", leaf_prefix),
+          ("the same sharing", same_sharing),
+      )
   }
 
 
 def report(name, small, large):
   ratio = large / small
   verdict = "PASS" if ratio < LIMIT else "FAIL"
-  print(f"{verdict}  {name:<32} {small * 1e3:9.3f} ms -> {large * 1e3:9.3f} ms"
-        f"  ({ratio:5.1f}x for 10x the size; limit {LIMIT}x)")
+  print(
+      f"{verdict}  {name:<32} {small * 1e3:9.3f} ms -> {large * 1e3:9.3f} ms"
+      f"  ({ratio:5.1f}x for 10x the size; limit {LIMIT}x)"
+  )
 
 
 def main():
   sys.setrecursionlimit(max(sys.getrecursionlimit(), 50_000))
   registry = pt.PyTreeRegistry()
-  registry.register_node(Shared, lambda s: (s.children, s.aux),
-                         lambda aux, ch: Shared(aux, *ch),
-                         preserve_relative_identities=True)
-  report("repr, 5,000 -> 50,000 deep",
-         *(best_per_call(lambda: repr(td), 3)
-           for td in (deep_list_treedef(registry, 5_000),
-                      deep_list_treedef(registry, 50_000))))
+  registry.register_node(
+      Shared,
+      lambda s: (s.children, s.aux),
+      lambda aux, ch: Shared(aux, *ch),
+      preserve_relative_identities=True,
+  )
+  report(
+      "repr, 5,000 -> 50,000 deep",
+      *(
+          best_per_call(lambda: repr(td), 3)
+          for td in (
+              deep_list_treedef(registry, 5_000),
+              deep_list_treedef(registry, 50_000),
+          )
+      ),
+  )
   small = references_timings(registry, 10_000)
   large = references_timings(registry, 100_000)
   for op in small:

@@ -9,21 +9,27 @@ import jax.numpy as jnp
 
 
 class Child:
+
   def __init__(self, x):
     self.x = x
 
 
 class Parent:
+
   def __init__(self, left, right):
     self.left = left
     self.right = right
 
 
 jax.tree_util.register_pytree_node(
-    Child, lambda c: ((c.x,), None), lambda _, xs: Child(*xs),
-    preserve_relative_identities=True)
+    Child,
+    lambda c: ((c.x,), None),
+    lambda _, xs: Child(*xs),
+    preserve_relative_identities=True,
+)
 jax.tree_util.register_pytree_node(
-    Parent, lambda p: ((p.left, p.right), None), lambda _, xs: Parent(*xs))
+    Parent, lambda p: ((p.left, p.right), None), lambda _, xs: Parent(*xs)
+)
 
 failures = 0
 
@@ -50,20 +56,28 @@ def identity(p):
 for call in ("first call (trace)", "second call (cached)"):
   out = identity(parent)
   check(f"{call}: out.left is out.right", out.left is out.right)
-  check(f"{call}: out is a new object", out is not parent and out.left is not child)
+  check(
+      f"{call}: out is a new object",
+      out is not parent and out.left is not child,
+  )
 check("inside the trace: p.left is p.right", all(seen_inside))
 check("one trace for both calls", len(seen_inside) == 1)
 
 print("jax.grad")
 grads = jax.grad(lambda p: p.left.x * p.right.x)(parent)
 check("the shared child has one gradient object", grads.left is grads.right)
-check("its gradient is the sum over both uses: 2 * x = 4",
-      float(grads.left.x) == 4.0)
+check(
+    "its gradient is the sum over both uses: 2 * x = 4",
+    float(grads.left.x) == 4.0,
+)
 
 print("jax.vmap")
 batched = Parent(*(2 * [Child(jnp.arange(3.0))]))
 out = jax.vmap(lambda p: Parent(p.left, Child(p.right.x + 1)))(batched)
-check("out.left keeps the input's leaf", bool((out.left.x == jnp.arange(3.0)).all()))
+check(
+    "out.left keeps the input's leaf",
+    bool((out.left.x == jnp.arange(3.0)).all()),
+)
 shared = jax.vmap(lambda p: p)(batched)
 check("sharing survives vmap", shared.left is shared.right)
 

@@ -66,8 +66,9 @@ import weakref
 try:
   from jaxlib_patch import pytree as pt
 except ImportError:  # Run from the checkout without an install.
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-      __file__))))
+  sys.path.insert(
+      0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  )
   from jaxlib_patch import pytree as pt
 
 # ---------------------------------------------------------------------------
@@ -98,9 +99,16 @@ INTERNAL_MESSAGES = (
 )
 # Operations that build a treedef from untrusted parts, whose validation may
 # legitimately say "did not yield a singleton".
-CONSTRUCTING_OPS = frozenset({
-    "from_node_data_and_children", "treedef_tuple", "setstate", "compose",
-    "deserialize_proto", "setstate_mutated"})
+CONSTRUCTING_OPS = frozenset(
+    {
+        "from_node_data_and_children",
+        "treedef_tuple",
+        "setstate",
+        "compose",
+        "deserialize_proto",
+        "setstate_mutated",
+    }
+)
 
 # A namespace module for the classes and registries the programs create, so
 # that pickle finds them by name.
@@ -126,10 +134,10 @@ def _export(obj, name=None):
 # ---------------------------------------------------------------------------
 
 _rng = random.Random(0)
-_rate = 0.0          # Probability that a callback misbehaves.
-_fired = 0           # How many times callbacks misbehaved (oracles read it).
-_depth = 0           # Re-entrancy depth of operations.
-_prog = None         # The program running now.
+_rate = 0.0  # Probability that a callback misbehaves.
+_fired = 0  # How many times callbacks misbehaved (oracles read it).
+_depth = 0  # Re-entrancy depth of operations.
+_prog = None  # The program running now.
 _skip_known = False
 MAX_DEPTH = 2
 
@@ -292,8 +300,18 @@ class IntFieldNT(tuple):
   _fields = ("a", 1)
 
 
-for _c in (Leaf, Aux, TrickyAux, Key, NT2, NT1, FakeNT, ShortNT, LongNT,
-           IntFieldNT):
+for _c in (
+    Leaf,
+    Aux,
+    TrickyAux,
+    Key,
+    NT2,
+    NT1,
+    FakeNT,
+    ShortNT,
+    LongNT,
+    IntFieldNT,
+):
   _export(_c)
 
 
@@ -466,8 +484,17 @@ KEY_MAKERS = (
 
 
 class TypeSpec:
-  __slots__ = ("cls", "kind", "flag", "data_fields", "meta_fields",
-               "singleton", "registered", "name", "register")
+  __slots__ = (
+      "cls",
+      "kind",
+      "flag",
+      "data_fields",
+      "meta_fields",
+      "singleton",
+      "registered",
+      "name",
+      "register",
+  )
 
 
 def junk_flatten_result(obj, with_keys):
@@ -481,8 +508,11 @@ def junk_flatten_result(obj, with_keys):
   if r == 2:
     return (5, aux)  # Children not iterable.
   if r == 3:
-    items = ([(pt.FlattenedIndexKey(i), c) for i, c in enumerate(kids)]
-             if with_keys else list(kids))
+    items = (
+        [(pt.FlattenedIndexKey(i), c) for i, c in enumerate(kids)]
+        if with_keys
+        else list(kids)
+    )
     return (failing_iter(items), aux)
   if r == 4 and with_keys:
     return (list(kids), aux)  # Not (key, child) pairs.
@@ -494,13 +524,18 @@ def junk_flatten_result(obj, with_keys):
     in_callback_mischief(obj)
   elif r == 7:
     # Children that are the object itself, or fresh objects each call.
-    kids = (obj,) if _rng.random() < 0.3 else tuple(
-        watch(Dying(i)) for i in range(len(kids)))
+    kids = (
+        (obj,)
+        if _rng.random() < 0.3
+        else tuple(watch(Dying(i)) for i in range(len(kids)))
+    )
   else:
     nested_op()
   if with_keys:
-    return (tuple((pt.FlattenedIndexKey(i), c) for i, c in enumerate(kids)),
-            aux)
+    return (
+        tuple((pt.FlattenedIndexKey(i), c) for i, c in enumerate(kids)),
+        aux,
+    )
   return (kids, aux)
 
 
@@ -519,8 +554,10 @@ def make_custom_type(prog, name, flag, with_keys):
   def to_iterable_with_keys(obj):
     if _rate and chaos():
       return junk_flatten_result(obj, True)
-    return (tuple((pt.FlattenedIndexKey(i), c)
-                  for i, c in enumerate(obj.kids)), obj.aux)
+    return (
+        tuple((pt.FlattenedIndexKey(i), c) for i, c in enumerate(obj.kids)),
+        obj.aux,
+    )
 
   def from_iterable(aux, children):
     if _rate and chaos():
@@ -553,9 +590,12 @@ def make_custom_type(prog, name, flag, with_keys):
     return new
 
   spec.register = lambda reg: reg.register_node(
-      cls, to_iterable, from_iterable,
+      cls,
+      to_iterable,
+      from_iterable,
       to_iterable_with_keys if with_keys else None,
-      preserve_relative_identities=flag)
+      preserve_relative_identities=flag,
+  )
   return spec
 
 
@@ -587,7 +627,8 @@ def make_dataclass_type(prog, name, flag):
   spec.singleton = None
   spec.registered = False
   spec.register = lambda reg: reg.register_dataclass_node(
-      cls, list(data), list(meta), preserve_relative_identities=flag)
+      cls, list(data), list(meta), preserve_relative_identities=flag
+  )
   return spec
 
 
@@ -616,12 +657,12 @@ class Program:
     self.reg.__name__ = self.reg_name
     setattr(NS, self.reg_name, self.reg)
     self.names.append(self.reg_name)
-    self.specs = []       # Registered type specs.
-    self.objects = []     # Trees.
-    self.lists = []       # Lists inside trees (mutation targets).
-    self.dicts = []       # Dicts inside trees.
-    self.nodes = []       # Custom/dataclass instances (sharing, mutation).
-    self.treedefs = []    # (treedef, leaves or None)
+    self.specs = []  # Registered type specs.
+    self.objects = []  # Trees.
+    self.lists = []  # Lists inside trees (mutation targets).
+    self.dicts = []  # Dicts inside trees.
+    self.nodes = []  # Custom/dataclass instances (sharing, mutation).
+    self.treedefs = []  # (treedef, leaves or None)
     self.type_count = 0
     for _ in range(rng.randrange(1, 5)):
       self.register_random_type()
@@ -677,8 +718,11 @@ class Program:
     if r == 3:
       return _rng.randrange(3)
     if r == 4:
-      return ("meta", _rng.randrange(3), "\ud800" if _rng.random() < 0.1
-              else "")
+      return (
+          "meta",
+          _rng.randrange(3),
+          "\ud800" if _rng.random() < 0.1 else "",
+      )
     if r == 5:
       return Aux(_rng.randrange(3))
     return TrickyAux(_rng.randrange(3))
@@ -690,15 +734,24 @@ class Program:
       return _rng.randrange(6)
     if kind == 2:
       return Key(_rng.randrange(6))
-    return _rng.choice([f"k{_rng.randrange(3)}", _rng.randrange(3),
-                        float("nan"), None, (1, 2),  # Mixed: no total order.
-                        "\ud800", "k\udfff"])  # Lone surrogates.
+    return _rng.choice(
+        [
+            f"k{_rng.randrange(3)}",
+            _rng.randrange(3),
+            float("nan"),
+            None,
+            (1, 2),  # Mixed: no total order.
+            "\ud800",
+            "k\udfff",
+        ]
+    )  # Lone surrogates.
 
   def gen_node(self, spec, depth):
     if spec.kind == "custom":
       obj = spec.cls()
-      obj.kids = tuple(self.gen_tree(depth - 1)
-                       for _ in range(_rng.randrange(4)))
+      obj.kids = tuple(
+          self.gen_tree(depth - 1) for _ in range(_rng.randrange(4))
+      )
       obj.aux = self.gen_aux()
     else:
       obj = spec.cls.__new__(spec.cls)
@@ -753,7 +806,8 @@ class Program:
         return FakeNT((self.gen_tree(depth - 1), 1))
       # `_fields` that do not match the items (finding F3).
       return rng.choice((ShortNT, LongNT, IntFieldNT))(
-          (self.gen_tree(depth - 1), 2))
+          (self.gen_tree(depth - 1), 2)
+      )
     if r == 17:
       return None
     if r == 18 and self.nodes:
@@ -866,7 +920,8 @@ class Program:
           outcome = "FINDING:bad_cast"
           runner.finding(self, name, "RuntimeError std::bad_cast", e)
         elif name not in CONSTRUCTING_OPS and any(
-            m in message for m in INTERNAL_MESSAGES):
+            m in message for m in INTERNAL_MESSAGES
+        ):
           outcome = "FINDING:internal"
           runner.finding(self, name, "internal RuntimeError", e)
     except AttributeError as e:
@@ -917,11 +972,15 @@ def op_flatten(prog):
     return
   oracle(same, f"re-flatten of unflatten differs: {td!r} vs {td2!r}")
   oracle(hash(td2) == hash(td), "equal treedefs hash differently")
-  oracle(len(leaves2) == len(leaves) and
-         all(a is b for a, b in zip(leaves, leaves2)),
-         "re-flatten gives other leaves")
-  oracle(len(up) == len(leaves) and all(a is b for a, b in zip(up, leaves)),
-         "flatten_up_to(unflatten(td, L)) != L")
+  oracle(
+      len(leaves2) == len(leaves)
+      and all(a is b for a, b in zip(leaves, leaves2)),
+      "re-flatten gives other leaves",
+  )
+  oracle(
+      len(up) == len(leaves) and all(a is b for a, b in zip(up, leaves)),
+      "flatten_up_to(unflatten(td, L)) != L",
+  )
 
 
 def op_flatten_with_path(prog):
@@ -938,8 +997,10 @@ def op_flatten_with_path(prog):
       hash(path)
       back = pickle.loads(pickle.dumps(path))
       text = repr(path)
-      oracle(back == path or _fired != f0 or "nan" in text,
-             f"a key path does not survive pickling: {text} became {back!r}")
+      oracle(
+          back == path or _fired != f0 or "nan" in text,
+          f"a key path does not survive pickling: {text} became {back!r}",
+      )
   if _fired != f0 or pred is not None:
     return
   leaves, td2 = prog.reg.flatten(tree)
@@ -947,8 +1008,10 @@ def op_flatten_with_path(prog):
   if _fired != f0:
     return
   oracle(same, "flatten_with_path and flatten disagree on the treedef")
-  oracle(all(a is b for (_, a), b in zip(pairs, leaves)),
-         "flatten_with_path and flatten disagree on the leaves")
+  oracle(
+      all(a is b for (_, a), b in zip(pairs, leaves)),
+      "flatten_with_path and flatten disagree on the leaves",
+  )
 
 
 def op_flatten_up_to(prog):
@@ -957,8 +1020,11 @@ def op_flatten_up_to(prog):
   if r == 0:
     tree = prog.some_tree()
   else:
-    tree = td.unflatten(prog.leaves_for(td, leaves) if r == 2 else
-                        [Leaf(i) for i in range(td.num_leaves)])
+    tree = td.unflatten(
+        prog.leaves_for(td, leaves)
+        if r == 2
+        else [Leaf(i) for i in range(td.num_leaves)]
+    )
   td.flatten_up_to(tree)
 
 
@@ -970,10 +1036,16 @@ def op_unflatten(prog):
   if _fired == f0 and _rng.random() < 0.3:
     td2 = prog.reg.flatten(out)[1]
     same = td2 == td
-    if _fired == f0 and isinstance(args, list) and all(
-        type(x) in (Leaf, int, str, float) for x in args):
-      oracle(same, f"flatten(unflatten(td, L)) has another treedef: {td!r} "
-             f"became {td2!r}")
+    if (
+        _fired == f0
+        and isinstance(args, list)
+        and all(type(x) in (Leaf, int, str, float) for x in args)
+    ):
+      oracle(
+          same,
+          f"flatten(unflatten(td, L)) has another treedef: {td!r} "
+          f"became {td2!r}",
+      )
 
 
 def op_walk(prog):
@@ -994,22 +1066,28 @@ def op_walk(prog):
       in_callback_mischief(x)
     return x
 
-  out = td.walk(f_node, f_leaf if _rng.random() < 0.95 else None,
-                prog.leaves_for(td, leaves))
+  out = td.walk(
+      f_node,
+      f_leaf if _rng.random() < 0.95 else None,
+      prog.leaves_for(td, leaves),
+  )
   del out
   if _fired == f0:
     state = td.__getstate__()[1]
     expected = sum(1 for e in state if e[0] != 0 and len(e) == 6)
-    oracle(calls[0] == expected,
-           f"walk called f_node {calls[0]} times, expected {expected}")
+    oracle(
+        calls[0] == expected,
+        f"walk called f_node {calls[0]} times, expected {expected}",
+    )
 
 
 def op_from_iterable_tree(prog):
   td, leaves = prog.some_treedef()
   n = td.num_leaves
   # An iterable tree: nested lists in the treedef's shape.
-  tree = td.walk(lambda ch, _: list(ch), lambda x: x,
-                 [Leaf(i) for i in range(n)])
+  tree = td.walk(
+      lambda ch, _: list(ch), lambda x: x, [Leaf(i) for i in range(n)]
+  )
   if _rng.random() < 0.3:
     tree = prog.gen_tree(2)  # Junk.
   elif _rng.random() < 0.2 and isinstance(tree, list):
@@ -1025,11 +1103,15 @@ def op_children(prog):
   if data is None:
     oracle(children == [], "a leaf with children")
     return
-  oracle(sum(c.num_leaves for c in children) == td.num_leaves,
-         "children do not partition the leaves")
+  oracle(
+      sum(c.num_leaves for c in children) == td.num_leaves,
+      "children do not partition the leaves",
+  )
   if len(td.__getstate__()[1][-1]) == 6:  # Not a reference.
-    oracle(sum(c.num_nodes for c in children) + 1 == td.num_nodes,
-           "children do not partition the nodes")
+    oracle(
+        sum(c.num_nodes for c in children) + 1 == td.num_nodes,
+        "children do not partition the nodes",
+    )
   rebuilt = pt.PyTreeDef.from_node_data_and_children(prog.reg, data, children)
   eq = rebuilt == td
   if _fired == f0:
@@ -1052,14 +1134,20 @@ def op_from_node_data_and_children(prog):
   elif r == 2:
     children = children + [prog.some_treedef()[0]]
   elif r == 3 and prog.specs:
-    data = (_rng.choice(prog.specs).cls,
-            pt.SharedReference(_rng.randrange(1, 6)))
+    data = (
+        _rng.choice(prog.specs).cls,
+        pt.SharedReference(_rng.randrange(1, 6)),
+    )
   elif r == 4 and data is not None:
-    data = (data[0], _rng.choice([None, (), ["k0"], 7, TrickyAux(1),
-                                  pt.SharedReference(1)]))
+    data = (
+        data[0],
+        _rng.choice([None, (), ["k0"], 7, TrickyAux(1), pt.SharedReference(1)]),
+    )
   elif r == 5:
-    data = (_rng.choice([list, tuple, dict, NT2, type(None), int, Leaf]),
-            _rng.choice([None, ["k0", "k1"], ("k0",), 3]))
+    data = (
+        _rng.choice([list, tuple, dict, NT2, type(None), int, Leaf]),
+        _rng.choice([None, ["k0", "k1"], ("k0",), 3]),
+    )
   elif r == 6:
     children = [c for c in children for _ in range(2)]
   if _rng.random() < 0.1:
@@ -1074,8 +1162,10 @@ def op_compose(prog):
   if _rng.random() < 0.3:
     outer = _rng.choice(outer.children() or [outer])
   composed = outer.compose(inner)
-  oracle(composed.num_leaves == outer.num_leaves * inner.num_leaves,
-         "compose: num_leaves is not the product")
+  oracle(
+      composed.num_leaves == outer.num_leaves * inner.num_leaves,
+      "compose: num_leaves is not the product",
+  )
   if _fired == f0 and _rng.random() < 0.3:
     n = composed.num_leaves
     composed.unflatten([Leaf(i) for i in range(n)])
@@ -1088,8 +1178,10 @@ def op_treedef_tuple(prog):
   if _rng.random() < 0.05:
     tds.append(pt.default_registry().flatten([1])[1])  # Another registry.
   td = pt.treedef_tuple(prog.reg, tds)
-  oracle(td.num_leaves == sum(t.num_leaves for t in tds),
-         "treedef_tuple: num_leaves is not the sum")
+  oracle(
+      td.num_leaves == sum(t.num_leaves for t in tds),
+      "treedef_tuple: num_leaves is not the sum",
+  )
 
 
 def op_eq_hash(prog):
@@ -1146,8 +1238,9 @@ def mutate_state(state):
   elif r == 2:
     entry[2] = _rng.choice([None, ["k0"], [], (), 3, NT2, Leaf()])
   elif r == 3:
-    entry[3] = _rng.choice([None, int, Leaf, NT2] +
-                           [s.cls for s in _prog.specs])
+    entry[3] = _rng.choice(
+        [None, int, Leaf, NT2] + [s.cls for s in _prog.specs]
+    )
   elif r == 4:
     entry[4:6] = [_rng.randrange(-1, 5), _rng.randrange(-1, 5)]
   elif r == 5:
@@ -1164,7 +1257,7 @@ def mutate_state(state):
   elif r == 8:
     return (_rng.choice([reg, pt.default_registry(), None, 1]), nodes)
   else:
-    entry = entry[:_rng.randrange(len(entry) + 1)]
+    entry = entry[: _rng.randrange(len(entry) + 1)]
   nodes[i] = tuple(entry)
   return (reg, nodes)
 
@@ -1206,8 +1299,11 @@ def op_mutate_getstate_in_place(prog):
     lists = [entry[2] for entry in td.__getstate__()[1]]
   elif r == 1:
     lists = []
-    td.walk(lambda c, d: lists.append(d), lambda x: x,
-            [Leaf(i) for i in range(td.num_leaves)])
+    td.walk(
+        lambda c, d: lists.append(d),
+        lambda x: x,
+        [Leaf(i) for i in range(td.num_leaves)],
+    )
   else:
     registry, entries = td.__getstate__()
     entries = [tuple(e) for e in entries]
@@ -1229,13 +1325,18 @@ def op_mutate_getstate_in_place(prog):
 
 def exercise_treedef(prog, td):
   n = td.num_leaves
-  ops = (lambda: repr(td), lambda: hash(td), lambda: td == td,
-         lambda: td.unflatten([Leaf(i) for i in range(n)]),
-         lambda: td.children(), lambda: td.node_data(),
-         lambda: pickle.loads(pickle.dumps(td)),
-         lambda: td.flatten_up_to(prog.some_tree()),
-         lambda: td.compose(prog.reg.flatten(1)[1]),
-         lambda: td.walk(lambda c, d: c, None, range(n)))
+  ops = (
+      lambda: repr(td),
+      lambda: hash(td),
+      lambda: td == td,
+      lambda: td.unflatten([Leaf(i) for i in range(n)]),
+      lambda: td.children(),
+      lambda: td.node_data(),
+      lambda: pickle.loads(pickle.dumps(td)),
+      lambda: td.flatten_up_to(prog.some_tree()),
+      lambda: td.compose(prog.reg.flatten(1)[1]),
+      lambda: td.walk(lambda c, d: c, None, range(n)),
+  )
   _rng.choice(ops)()
 
 
@@ -1259,7 +1360,7 @@ def op_deserialize_proto(prog):
     if r == 0 and data:
       data[_rng.randrange(len(data))] = _rng.randrange(256)
     elif r == 1 and data:
-      del data[_rng.randrange(len(data)):]
+      del data[_rng.randrange(len(data)) :]
     elif r == 2:
       data.insert(_rng.randrange(len(data) + 1), _rng.randrange(256))
     else:
@@ -1287,15 +1388,23 @@ def op_register(prog):
   elif r == 8:
     cls = _export(type(f"B{prog.serial}_{_rng.randrange(10**9)}", (), {}))
     prog.names.append(cls.__name__)
-    prog.reg.register_node(cls, lambda x: ((), None), lambda a, c: cls(),
-                           preserve_relative_identities=_rng.choice(
-                               [1, "yes", None, 0.0, True, False]))
+    prog.reg.register_node(
+        cls,
+        lambda x: ((), None),
+        lambda a, c: cls(),
+        preserve_relative_identities=_rng.choice(
+            [1, "yes", None, 0.0, True, False]
+        ),
+    )
   else:
     cls = _export(type(f"B{prog.serial}_{_rng.randrange(10**9)}", (), {}))
     prog.names.append(cls.__name__)
     prog.reg.register_dataclass_node(
-        cls, _rng.choice([["a"], "ab", [1], []]), _rng.choice([[], ["m"]]),
-        preserve_relative_identities=_rng.choice([True, False, 1]))
+        cls,
+        _rng.choice([["a"], "ab", [1], []]),
+        _rng.choice([[], ["m"]]),
+        preserve_relative_identities=_rng.choice([True, False, 1]),
+    )
 
 
 def op_gc(prog):
@@ -1309,8 +1418,16 @@ def op_gc(prog):
 def op_uninitialized(prog):
   """Methods of a treedef made by __new__ and never set up: TypeError."""
   new = pt.PyTreeDef.__new__(pt.PyTreeDef)
-  method = _rng.choice(["__repr__", "__hash__", "children", "node_data",
-                        "__getstate__", "serialize_using_proto"])
+  method = _rng.choice(
+      [
+          "__repr__",
+          "__hash__",
+          "children",
+          "node_data",
+          "__getstate__",
+          "serialize_using_proto",
+      ]
+  )
   getattr(new, method)()
 
 
@@ -1336,8 +1453,11 @@ def op_share_check(prog):
   except ValueError:
     mismatched = True
   if _fired == f0 and spec.flag:
-    oracle(mismatched, f"flatten_up_to accepted a tree with other sharing: "
-           f"{td!r} from {shared!r}, given {other!r}")
+    oracle(
+        mismatched,
+        f"flatten_up_to accepted a tree with other sharing: "
+        f"{td!r} from {shared!r}, given {other!r}",
+    )
 
 
 def gen_plain(self, depth):
@@ -1381,8 +1501,18 @@ OP_TABLE = [
     ("uninitialized", op_uninitialized, 1),
     ("share_check", op_share_check, 3),
 ]
-NESTED_NAMES = {"flatten", "flatten_with_path", "flatten_up_to", "unflatten",
-                "repr", "eq_hash", "pickle", "register", "children", "walk"}
+NESTED_NAMES = {
+    "flatten",
+    "flatten_with_path",
+    "flatten_up_to",
+    "unflatten",
+    "repr",
+    "eq_hash",
+    "pickle",
+    "register",
+    "children",
+    "walk",
+}
 OPS = []
 CUM_WEIGHTS_ALL = []
 NESTED_OPS = []
@@ -1436,8 +1566,11 @@ class Runner:
 
   def finding(self, prog, op_name, kind, exc):
     record = {
-        "seed": self.seed, "program": prog.index, "op": op_name,
-        "kind": kind, "exception": f"{type(exc).__name__}: {exc}"[:500],
+        "seed": self.seed,
+        "program": prog.index,
+        "op": op_name,
+        "kind": kind,
+        "exception": f"{type(exc).__name__}: {exc}"[:500],
         "traceback": "".join(traceback.format_exception(exc))[-3000:],
     }
     if len(self.findings) < self.max_findings:
@@ -1479,13 +1612,24 @@ class Runner:
 def _install_warning_counter(runner):
   def showwarning(message, category, filename, lineno, file=None, line=None):
     runner.warnings[f"{category.__name__}: {str(message)[:120]}"] += 1
+
   warnings.showwarning = showwarning
   warnings.simplefilter("always")
 
 
-def run_in_process(seed, executions=None, seconds=None, start=0, stride=1,
-                   verbose=False, skip_known=False, report=None,
-                   on_finding=None, programs=None, end=None):
+def run_in_process(
+    seed,
+    executions=None,
+    seconds=None,
+    start=0,
+    stride=1,
+    verbose=False,
+    skip_known=False,
+    report=None,
+    on_finding=None,
+    programs=None,
+    end=None,
+):
   """Runs programs start, start+stride, ... until a budget is spent.
 
   `report(runner, index)` is called before each program.
@@ -1524,15 +1668,22 @@ def run_in_process(seed, executions=None, seconds=None, start=0, stride=1,
 def worker_main(args):
   faulthandler.enable(all_threads=False)
   if args.expect_module and os.path.realpath(pt.__file__) != args.expect_module:
-    raise SystemExit(f"worker imported {pt.__file__}, expected "
-                     f"{args.expect_module}")
+    raise SystemExit(
+        f"worker imported {pt.__file__}, expected " f"{args.expect_module}"
+    )
   out = sys.stdout
 
   def report(runner, index):
     # A checkpoint before every program: a crash loses only its program.
-    counts = {"e": runner.executions, "p": runner.programs,
-              "o": runner.outcomes, "w": runner.warnings, "b": runner.by_op,
-              "n": runner.nested, "f": _fired}
+    counts = {
+        "e": runner.executions,
+        "p": runner.programs,
+        "o": runner.outcomes,
+        "w": runner.warnings,
+        "b": runner.by_op,
+        "n": runner.nested,
+        "f": _fired,
+    }
     out.write("C " + json.dumps(counts) + "\n")
     out.write(f"P {index} {runner.executions}\n")
     out.flush()
@@ -1542,12 +1693,26 @@ def worker_main(args):
     out.flush()
 
   runner = run_in_process(
-      args.seed, executions=args.executions, seconds=args.seconds,
-      start=args.start, stride=args.stride, skip_known=args.skip_known,
-      report=report, on_finding=on_finding, end=args.end)
-  counts = {"e": runner.executions, "p": runner.programs,
-            "o": runner.outcomes, "w": runner.warnings, "b": runner.by_op,
-            "n": runner.nested, "f": _fired, "next": runner.next_program}
+      args.seed,
+      executions=args.executions,
+      seconds=args.seconds,
+      start=args.start,
+      stride=args.stride,
+      skip_known=args.skip_known,
+      report=report,
+      on_finding=on_finding,
+      end=args.end,
+  )
+  counts = {
+      "e": runner.executions,
+      "p": runner.programs,
+      "o": runner.outcomes,
+      "w": runner.warnings,
+      "b": runner.by_op,
+      "n": runner.nested,
+      "f": _fired,
+      "next": runner.next_program,
+  }
   out.write("D " + json.dumps(counts) + "\n")
   out.flush()
 
@@ -1565,15 +1730,25 @@ class Worker:
     d = self.driver
     remaining_e = None
     if d.args.executions is not None:
-      remaining_e = max(1, (d.args.executions - d.executions_done) //
-                        d.args.jobs + 1)
+      remaining_e = max(
+          1, (d.args.executions - d.executions_done) // d.args.jobs + 1
+      )
     remaining_s = None
     if d.deadline is not None:
       remaining_s = max(0.0, d.deadline - time.monotonic())
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker",
-           "--seed", str(d.args.seed), "--start", str(self.start),
-           "--stride", str(d.args.jobs),
-           "--expect-module", os.path.realpath(pt.__file__)]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--worker",
+        "--seed",
+        str(d.args.seed),
+        "--start",
+        str(self.start),
+        "--stride",
+        str(d.args.jobs),
+        "--expect-module",
+        os.path.realpath(pt.__file__),
+    ]
     if d.args.programs is not None:
       cmd += ["--end", str(d.args.start + d.args.programs)]
     if remaining_e is not None:
@@ -1584,11 +1759,12 @@ class Worker:
       cmd.append("--skip-known")
     self.stderr_path = os.path.join(d.tmpdir, f"worker{self.slot}.err")
     self.stderr = open(self.stderr_path, "wb")
-    self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE,
-                                 stderr=self.stderr, env=os.environ.copy())
+    self.proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=self.stderr, env=os.environ.copy()
+    )
     self.buffer = b""
-    self.current = None       # Program index being run.
-    self.base = None          # Counts at the last checkpoint of this process.
+    self.current = None  # Program index being run.
+    self.base = None  # Counts at the last checkpoint of this process.
     self.last_counts = None
     self.exec_at_current = 0
     self.last_seen = time.monotonic()
@@ -1621,12 +1797,16 @@ def crash_site(err):
   """Where a worker crashed: the sanitizer's first frame in the module and
   the fuzzer's operation, from the worker's stderr."""
   import re
+
   parts = []
   m = re.search(r"(ERROR: AddressSanitizer: [\w-]+|runtime error: [^\n]*)", err)
   if m:
     parts.append(m.group(1)[:80])
-    frame = re.search(r"#\d+ 0x[0-9a-f]+ in (jaxlib_patch::[^\n]*?) "
-                      r"(\S*jaxlib_patch/\S+)", err)
+    frame = re.search(
+        r"#\d+ 0x[0-9a-f]+ in (jaxlib_patch::[^\n]*?) "
+        r"(\S*jaxlib_patch/\S+)",
+        err,
+    )
     if frame:
       parts.append(f"{frame.group(1)[:60]} {frame.group(2).split('/')[-1]}")
   ops = re.findall(r"line \d+ in (op_\w+)", err)
@@ -1638,10 +1818,12 @@ def crash_site(err):
 
 
 class Driver:
+
   def __init__(self, args):
     self.args = args
-    self.deadline = (None if args.seconds is None else
-                     time.monotonic() + args.seconds)
+    self.deadline = (
+        None if args.seconds is None else time.monotonic() + args.seconds
+    )
     self.executions_done = 0
     self.programs_done = 0
     self.outcomes = collections.Counter()
@@ -1653,6 +1835,7 @@ class Driver:
     self.finding_keys = collections.Counter()
     self.crashes = []
     import tempfile
+
     self.tmpdir = tempfile.mkdtemp(prefix="pytree_fuzz_")
 
   def add_finding(self, record):
@@ -1660,9 +1843,11 @@ class Driver:
     self.finding_keys[key] += 1
     if self.finding_keys[key] <= 3:
       self.findings.append(record)
-      print(f"FINDING ({record['kind']}) seed {record['seed']} program "
-            f"{record['program']} op {record['op']}: {record['exception']}",
-            flush=True)
+      print(
+          f"FINDING ({record['kind']}) seed {record['seed']} program "
+          f"{record['program']} op {record['op']}: {record['exception']}",
+          flush=True,
+      )
 
   def absorb(self, worker):
     counts = worker.last_counts
@@ -1678,8 +1863,7 @@ class Driver:
 
   def run(self):
     start_time = time.monotonic()
-    live = [Worker(self, k, self.args.start + k)
-            for k in range(self.args.jobs)]
+    live = [Worker(self, k, self.args.start + k) for k in range(self.args.jobs)]
     last_print = time.monotonic()
     while live:
       fds = {w.proc.stdout.fileno(): w for w in live}
@@ -1699,30 +1883,44 @@ class Driver:
           self.absorb(w)
           live.remove(w)
           continue
-        sanitizer = ("runtime error:" in err or "Sanitizer" in err)
-        if (rc > 0 and "Fatal Python error" not in err and not sanitizer
-            and not w.hung):
+        sanitizer = "runtime error:" in err or "Sanitizer" in err
+        if (
+            rc > 0
+            and "Fatal Python error" not in err
+            and not sanitizer
+            and not w.hung
+        ):
           # The fuzzer itself failed (not the module): stop.
           sys.stderr.write(err)
           raise SystemExit(f"a worker failed (exit status {rc})")
         # A crash or a hang: record it, count the programs completed before
         # it (the last checkpoint), and restart after the program.
-        crash = {"seed": self.args.seed, "program": w.current,
-                 "returncode": "hang" if w.hung else rc,
-                 "site": crash_site(err), "stderr": err[-20000:]}
+        crash = {
+            "seed": self.args.seed,
+            "program": w.current,
+            "returncode": "hang" if w.hung else rc,
+            "site": crash_site(err),
+            "stderr": err[-20000:],
+        }
         self.crashes.append(crash)
         what = "HANG" if w.hung else "CRASH"
-        print(f"{what} seed {self.args.seed} program {w.current} (rc {rc}); "
-              f"replay: python {sys.argv[0]} --seed {self.args.seed} "
-              f"--program {w.current} --verbose", flush=True)
+        print(
+            f"{what} seed {self.args.seed} program {w.current} (rc {rc}); "
+            f"replay: python {sys.argv[0]} --seed {self.args.seed} "
+            f"--program {w.current} --verbose",
+            flush=True,
+        )
         self.absorb(w)
         if w.current is None:
           live.remove(w)
           continue
         w.start = w.current + self.args.jobs
-        if ((self.deadline is not None and time.monotonic() >= self.deadline)
-            or (self.args.executions is not None and
-                self.executions_done >= self.args.executions)):
+        if (
+            self.deadline is not None and time.monotonic() >= self.deadline
+        ) or (
+            self.args.executions is not None
+            and self.executions_done >= self.args.executions
+        ):
           live.remove(w)
           continue
         w.spawn()
@@ -1733,20 +1931,25 @@ class Driver:
           w.proc.kill()
       if time.monotonic() - last_print > 10:
         last_print = time.monotonic()
-        done = self.executions_done + sum(
-            w.exec_at_current for w in live)
-        print(f"  ... ~{done} executions, "
-              f"{time.monotonic() - start_time:.0f} s", flush=True)
+        done = self.executions_done + sum(w.exec_at_current for w in live)
+        print(
+            f"  ... ~{done} executions, "
+            f"{time.monotonic() - start_time:.0f} s",
+            flush=True,
+        )
     self.elapsed = time.monotonic() - start_time
     import shutil
+
     shutil.rmtree(self.tmpdir, ignore_errors=True)  # Kept in crash records.
     return self.report()
 
   def report(self):
     n_findings = sum(self.finding_keys.values())
     summary = {
-        "seed": self.args.seed, "jobs": self.args.jobs,
-        "executions": self.executions_done, "programs": self.programs_done,
+        "seed": self.args.seed,
+        "jobs": self.args.jobs,
+        "executions": self.executions_done,
+        "programs": self.programs_done,
         "nested_executions": self.nested,
         "callback_misbehaviours": self.misbehaved,
         "seconds": round(self.elapsed, 1),
@@ -1756,11 +1959,13 @@ class Driver:
         "findings": n_findings,
         "distinct_findings": [
             {"kind": k[0], "op": k[1], "exception": k[2], "count": c}
-            for k, c in self.finding_keys.most_common()],
+            for k, c in self.finding_keys.most_common()
+        ],
         "crashes": len(self.crashes),
         "crash_programs": [c["program"] for c in self.crashes],
-        "crash_sites": dict(collections.Counter(
-            c["site"] for c in self.crashes).most_common()),
+        "crash_sites": dict(
+            collections.Counter(c["site"] for c in self.crashes).most_common()
+        ),
         "warnings": dict(self.warnings.most_common(10)),
         "skip_known": self.args.skip_known,
         "module": os.path.realpath(pt.__file__),
@@ -1769,17 +1974,28 @@ class Driver:
     print_summary(summary)
     if self.args.json:
       with open(self.args.json, "w") as f:
-        json.dump({"summary": summary, "findings": self.findings,
-                   "crashes": self.crashes}, f, indent=1)
+        json.dump(
+            {
+                "summary": summary,
+                "findings": self.findings,
+                "crashes": self.crashes,
+            },
+            f,
+            indent=1,
+        )
     return 1 if (n_findings or self.crashes) else 0
 
 
 def print_summary(s):
-  print(f"executions: {s['executions']}  programs: {s['programs']}  "
-        f"time: {s['seconds']} s  exec/s: {s['exec_per_s']}  "
-        f"seed: {s['seed']}  jobs: {s.get('jobs', 1)}")
-  print(f"executions from inside callbacks: {s['nested_executions']}  "
-        f"callback misbehaviours: {s['callback_misbehaviours']}")
+  print(
+      f"executions: {s['executions']}  programs: {s['programs']}  "
+      f"time: {s['seconds']} s  exec/s: {s['exec_per_s']}  "
+      f"seed: {s['seed']}  jobs: {s.get('jobs', 1)}"
+  )
+  print(
+      f"executions from inside callbacks: {s['nested_executions']}  "
+      f"callback misbehaviours: {s['callback_misbehaviours']}"
+  )
   print("outcomes: " + ", ".join(f"{k}={v}" for k, v in s["outcomes"].items()))
   print(f"findings: {s['findings']}  crashes: {s['crashes']}")
   for f in s["distinct_findings"]:
@@ -1789,8 +2005,9 @@ def print_summary(s):
     for site, count in s["crash_sites"].items():
       print(f"  {count}x crashed at {site}")
   if s["warnings"]:
-    print("warnings: " + "; ".join(f"{v}x {k}" for k, v in
-                                   s["warnings"].items()))
+    print(
+        "warnings: " + "; ".join(f"{v}x {k}" for k, v in s["warnings"].items())
+    )
 
 
 def main(argv=None):
@@ -1798,18 +2015,34 @@ def main(argv=None):
   parser.add_argument("--executions", type=int, default=None)
   parser.add_argument("--seconds", type=float, default=None)
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--jobs", type=int, default=1,
-                      help="worker processes (programs are interleaved)")
-  parser.add_argument("--start", type=int, default=0,
-                      help="index of the first program")
-  parser.add_argument("--programs", type=int, default=None,
-                      help="run this many programs (a deterministic budget)")
-  parser.add_argument("--program", type=int, default=None,
-                      help="replay one program in this process")
+  parser.add_argument(
+      "--jobs",
+      type=int,
+      default=1,
+      help="worker processes (programs are interleaved)",
+  )
+  parser.add_argument(
+      "--start", type=int, default=0, help="index of the first program"
+  )
+  parser.add_argument(
+      "--programs",
+      type=int,
+      default=None,
+      help="run this many programs (a deterministic budget)",
+  )
+  parser.add_argument(
+      "--program",
+      type=int,
+      default=None,
+      help="replay one program in this process",
+  )
   parser.add_argument("--verbose", action="store_true")
-  parser.add_argument("--skip-known", action="store_true",
-                      help="leave out the generators that reached findings "
-                      "F1-F3 of docs/hardening.md")
+  parser.add_argument(
+      "--skip-known",
+      action="store_true",
+      help="leave out the generators that reached findings "
+      "F1-F3 of docs/hardening.md",
+  )
   parser.add_argument("--hang-seconds", type=float, default=60.0)
   parser.add_argument("--json", default=None, help="write a JSON report")
   parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -1823,13 +2056,20 @@ def main(argv=None):
     return 0
   if args.program is not None:
     faulthandler.enable()
-    runner = run_in_process(args.seed, programs=1, start=args.program,
-                            verbose=args.verbose, skip_known=args.skip_known)
+    runner = run_in_process(
+        args.seed,
+        programs=1,
+        start=args.program,
+        verbose=args.verbose,
+        skip_known=args.skip_known,
+    )
     for record in runner.findings:
       print(record["traceback"])
-    print(f"program {args.program}: {runner.executions} executions, "
-          f"outcomes {dict(runner.outcomes)}, "
-          f"{len(runner.findings)} findings")
+    print(
+        f"program {args.program}: {runner.executions} executions, "
+        f"outcomes {dict(runner.outcomes)}, "
+        f"{len(runner.findings)} findings"
+    )
     return 1 if runner.findings else 0
   if args.executions is None and args.seconds is None and args.programs is None:
     args.executions = 100_000

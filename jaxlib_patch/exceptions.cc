@@ -28,14 +28,18 @@ void SetPythonErrorFromException() {
   } catch (const nb::builtin_exception& error) {
     PyObject* type = PyExc_RuntimeError;
     switch (error.type()) {
-      case nb::exception_type::stop_iteration: type = PyExc_StopIteration; break;
+      case nb::exception_type::stop_iteration:
+        type = PyExc_StopIteration;
+        break;
       case nb::exception_type::index_error: type = PyExc_IndexError; break;
       case nb::exception_type::key_error: type = PyExc_KeyError; break;
       case nb::exception_type::value_error: type = PyExc_ValueError; break;
       case nb::exception_type::type_error: type = PyExc_TypeError; break;
       case nb::exception_type::buffer_error: type = PyExc_BufferError; break;
       case nb::exception_type::import_error: type = PyExc_ImportError; break;
-      case nb::exception_type::attribute_error: type = PyExc_AttributeError; break;
+      case nb::exception_type::attribute_error:
+        type = PyExc_AttributeError;
+        break;
       default: break;
     }
     PyErr_SetString(type, error.what());

@@ -24,11 +24,11 @@ void SetPythonErrorFromException();
 }  // namespace jaxlib_patch
 
 // Throws an InternalError unless `condition` holds.
-#define JAXLIB_PATCH_EXPECT(condition, message)                             \
-  do {                                                                      \
-    if (!(condition)) {                                                     \
-      throw ::jaxlib_patch::InternalError((message), __FILE__, __LINE__);   \
-    }                                                                       \
+#define JAXLIB_PATCH_EXPECT(condition, message)                           \
+  do {                                                                    \
+    if (!(condition)) {                                                   \
+      throw ::jaxlib_patch::InternalError((message), __FILE__, __LINE__); \
+    }                                                                     \
   } while (false)
 
 // Throws an InternalError: for code that no input can reach.

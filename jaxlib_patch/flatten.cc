@@ -22,7 +22,6 @@ std::string CycleMessage(nb::handle obj) {
 
 namespace {
 
-
 // Stock jaxlib deprecates treating these builtin iterables as leaves (they
 // are usually a mistake: a generator passed where a list was meant), with a
 // DeprecationWarning, unless an is_leaf predicate claimed them.
@@ -104,9 +103,9 @@ void CheckKeyChildPair(nb::handle pair) {
 // A namedtuple's `_fields`, checked against its items as stock checks them
 // (a namedtuple-like class may declare fields that do not match).
 nb::object NamedTupleFields(nb::handle tuple) {
-  nb::object fields = nb::handle(reinterpret_cast<PyObject*>(
-                                     Py_TYPE(tuple.ptr())))
-                          .attr("_fields");
+  nb::object fields =
+      nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(tuple.ptr())))
+          .attr("_fields");
   if (!PyTuple_Check(fields.ptr()) ||
       PyTuple_GET_SIZE(fields.ptr()) != PyTuple_GET_SIZE(tuple.ptr())) {
     throw nb::value_error(
@@ -119,8 +118,7 @@ nb::object NamedTupleFields(nb::handle tuple) {
 // A GetAttrKey for field `i` of checked `fields`, its name str()-ed as in
 // stock (PyObject_Str: nb::str of an accessor would borrow unchecked).
 nb::object FieldKey(nb::handle fields, Py_ssize_t i) {
-  nb::object name =
-      nb::steal(PyObject_Str(PyTuple_GET_ITEM(fields.ptr(), i)));
+  nb::object name = nb::steal(PyObject_Str(PyTuple_GET_ITEM(fields.ptr(), i)));
   if (!name.is_valid()) throw nb::python_error();
   return MakeGetAttrKey(name);
 }
@@ -173,8 +171,7 @@ class Flattener {
     const Py_ssize_t start_nodes = traversal_.size();
     const Py_ssize_t start_leaves = PyList_GET_SIZE(leaves_.ptr());
     switch (node.kind) {
-      case PyTreeKind::kNone:
-        break;
+      case PyTreeKind::kNone: break;
       case PyTreeKind::kTuple:
       case PyTreeKind::kNamedTuple:
       case PyTreeKind::kList: {
@@ -183,8 +180,8 @@ class Flattener {
           fields = NamedTupleFields(obj);
         }
         if (node.kind == PyTreeKind::kNamedTuple) {
-          node.node_data = nb::borrow(
-              reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr())));
+          node.node_data =
+              nb::borrow(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr())));
         }
         // Size re-read each step: a flatten function further down may mutate
         // a list we are walking.
@@ -228,9 +225,8 @@ class Flattener {
       case PyTreeKind::kCustom: {
         const bool with_keys =
             kWithPath && !node.custom->to_iterable_with_keys.is_none();
-        nb::object result =
-            with_keys ? node.custom->to_iterable_with_keys(obj)
-                      : node.custom->to_iterable(obj);
+        nb::object result = with_keys ? node.custom->to_iterable_with_keys(obj)
+                                      : node.custom->to_iterable(obj);
         auto [iterator, aux] = UnpackChildrenAndAux(result, with_keys);
         node.node_data = std::move(aux);
         // All children are taken before any is flattened, as stock does: a
@@ -274,8 +270,7 @@ class Flattener {
         }
         break;
       }
-      case PyTreeKind::kLeaf:
-        break;  // Handled above.
+      case PyTreeKind::kLeaf: break;  // Handled above.
     }
     node.num_nodes = traversal_.size() - start_nodes + 1;
     node.num_leaves = PyList_GET_SIZE(leaves_.ptr()) - start_leaves;
@@ -344,7 +339,7 @@ class Flattener {
   const std::optional<nb::callable>& leaf_predicate_;
   std::vector<Node>& traversal_;
   nb::list& leaves_;
-  std::vector<nb::object> path_;  // Keys from the root; flatten_with_path.
+  std::vector<nb::object> path_;     // Keys from the root; flatten_with_path.
   std::vector<nb::object> pending_;  // Children of custom nodes, in waiting.
   std::optional<IdentityScope> scope_;  // Created at the first opted-in node.
 };

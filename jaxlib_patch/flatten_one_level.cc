@@ -25,15 +25,13 @@ nb::object FlattenOneLevelImpl(const PyTreeRegistry& registry,
                                nb::handle tree) {
   const PyTreeRegistry::Registration* custom = nullptr;
   switch (registry.KindOfObject(tree, &custom)) {
-    case PyTreeKind::kLeaf:
-      return nb::none();
-    case PyTreeKind::kNone:
-      return nb::make_tuple(nb::tuple(), nb::none());
+    case PyTreeKind::kLeaf: return nb::none();
+    case PyTreeKind::kNone: return nb::make_tuple(nb::tuple(), nb::none());
     case PyTreeKind::kTuple:
     case PyTreeKind::kList:
       if constexpr (kWithKeys) {
-        return nb::make_tuple(
-            nb::tuple(PairsWithKeys(tree, MakeSequenceKey)), nb::none());
+        return nb::make_tuple(nb::tuple(PairsWithKeys(tree, MakeSequenceKey)),
+                              nb::none());
       } else {
         return nb::make_tuple(tree, nb::none());
       }
@@ -42,9 +40,8 @@ nb::object FlattenOneLevelImpl(const PyTreeRegistry& registry,
       if constexpr (kWithKeys) {
         nb::object fields = NamedTupleFields(tree);
         return nb::make_tuple(
-            PairsWithKeys(tree, [&](Py_ssize_t i) {
-              return FieldKey(fields, i);
-            }),
+            PairsWithKeys(tree,
+                          [&](Py_ssize_t i) { return FieldKey(fields, i); }),
             type);
       } else {
         return nb::make_tuple(nb::list(tree), type);

@@ -35,18 +35,17 @@ class SharingChecker {
     const Node& node = treedef_.traversal()[position];
     const Py_ssize_t canonical = position - node.shared_distance;
     if (canonical < 0) {
-      throw nb::value_error(
-          ("Cannot flatten up to a PyTreeDef whose node at " +
-           treedef_.PathTo(position) +
-           " refers to a shared node outside of it.")
-              .c_str());
+      throw nb::value_error(("Cannot flatten up to a PyTreeDef whose node at " +
+                             treedef_.PathTo(position) +
+                             " refers to a shared node outside of it.")
+                                .c_str());
     }
     auto [owner, new_object] = owner_.try_emplace(obj.ptr(), canonical);
     if (!new_object && owner->second != canonical) {
       throw nb::value_error(
           ("PyTree sharing mismatch: the tree holds the same " +
-           TypeName(nb::handle(reinterpret_cast<PyObject*>(
-               Py_TYPE(obj.ptr())))) +
+           TypeName(
+               nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr())))) +
            " object at " + treedef_.PathTo(position) + " and at " +
            treedef_.PathTo(claims_[owner->second].position) +
            ", where the PyTreeDef has two separate nodes.")
@@ -93,8 +92,8 @@ void CheckSequence(nb::handle object, Py_ssize_t arity, bool right_type,
   const Py_ssize_t size = PySequence_Fast_GET_SIZE(object.ptr());
   if (size != arity) {
     ThrowMismatch(std::string(arity_label) + " arity mismatch: " +
-                  std::to_string(size) + " != " + std::to_string(arity) +
-                  "; " + value_label + ": " + Repr(object) + ".");
+                  std::to_string(size) + " != " + std::to_string(arity) + "; " +
+                  value_label + ": " + Repr(object) + ".");
   }
 }
 
@@ -159,13 +158,12 @@ nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
           ThrowMismatch("Expected dict, got " + Repr(object) + ".");
         }
         nb::list keys = SortedDictKeys(object);
-        if (!SameDictKeys(node.dict_keys, PyList_GET_SIZE(keys.ptr()),
-                          [&](size_t i) {
-                            return PyList_GET_ITEM(keys.ptr(), i);
-                          })) {
+        if (!SameDictKeys(
+                node.dict_keys, PyList_GET_SIZE(keys.ptr()),
+                [&](size_t i) { return PyList_GET_ITEM(keys.ptr(), i); })) {
           ThrowMismatch("Dict key mismatch; expected keys: " +
-                        Repr(ExportedNodeData(node)) + "; present keys: " +
-                        Repr(keys) + ".");
+                        Repr(ExportedNodeData(node)) +
+                        "; present keys: " + Repr(keys) + ".");
         }
         for (nb::handle key : keys) {
           // Keys' __hash__/__eq__ may raise, or change the dict.
@@ -179,10 +177,10 @@ nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
         break;
       }
       case PyTreeKind::kNamedTuple:
-        CheckSequence(object, node.arity,
-                      PyTuple_Check(object.ptr()) &&
-                          nb::hasattr(object, "_fields"),
-                      "named tuple", "Named tuple", "tuple");
+        CheckSequence(
+            object, node.arity,
+            PyTuple_Check(object.ptr()) && nb::hasattr(object, "_fields"),
+            "named tuple", "Named tuple", "tuple");
         if (!node.node_data.is(nb::handle(
                 reinterpret_cast<PyObject*>(Py_TYPE(object.ptr()))))) {
           ThrowMismatch("Named tuple type mismatch: expected type: " +
@@ -197,10 +195,10 @@ nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
         const PyTreeRegistry::Registration* custom =
             registry()->Lookup(Py_TYPE(object.ptr()));
         if (custom == nullptr || custom->type.not_equal(node.custom->type)) {
-          ThrowMismatch(std::string(dataclass ? "Custom dataclass" : "Custom") +
-                        " node type mismatch: expected type: " +
-                        Repr(node.custom->type) + ", value: " + Repr(object) +
-                        ".");
+          ThrowMismatch(
+              std::string(dataclass ? "Custom dataclass" : "Custom") +
+              " node type mismatch: expected type: " + Repr(node.custom->type) +
+              ", value: " + Repr(object) + ".");
         }
         // The children go straight onto the agenda; on a mismatch below
         // the agenda is dropped with the exception.
@@ -227,10 +225,10 @@ nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
                         Repr(node_data) + "; value: " + Repr(object) + ".");
         }
         if (static_cast<Py_ssize_t>(num_children) != node.arity) {
-          ThrowMismatch("Custom type arity mismatch: " +
-                        std::to_string(num_children) + " != " +
-                        std::to_string(node.arity) + "; value: " +
-                        Repr(object) + ".");
+          ThrowMismatch(
+              "Custom type arity mismatch: " + std::to_string(num_children) +
+              " != " + std::to_string(node.arity) + "; value: " + Repr(object) +
+              ".");
         }
         break;
       }
@@ -242,4 +240,3 @@ nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
 }
 
 }  // namespace jaxlib_patch
-

@@ -41,7 +41,9 @@ class IdentityScope {
     return std::nullopt;
   }
 
-  void Finish(nb::handle obj, Py_ssize_t index) { index_of_[obj.ptr()] = index; }
+  void Finish(nb::handle obj, Py_ssize_t index) {
+    index_of_[obj.ptr()] = index;
+  }
 
  private:
   // robin_map (shipped with nanobind): open addressing, no allocation per

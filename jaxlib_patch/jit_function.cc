@@ -34,7 +34,6 @@ namespace {
 // dispatch's cache is keyed on the sharing. `args` and `kwargs` are the call's
 // own arguments, static ones included, for the slow path.
 
-
 PyTypeObject* dispatch_args_type = nullptr;
 
 void DispatchArgsDealloc(PyObject* self) {
@@ -63,8 +62,8 @@ PyObject* DispatchArgsNew(PyTypeObject*, PyObject* args, PyObject* kwargs) {
   static const char* names[] = {"leaves", "treedef", "args", "kwargs", nullptr};
   PyObject *leaves, *treedef, *call_args = nullptr, *call_kwargs = nullptr;
   if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OO:DispatchArgs",
-                                   const_cast<char**>(names), &leaves,
-                                   &treedef, &call_args, &call_kwargs)) {
+                                   const_cast<char**>(names), &leaves, &treedef,
+                                   &call_args, &call_kwargs)) {
     return nullptr;
   }
   try {
@@ -80,7 +79,7 @@ PyObject* DispatchArgsNew(PyTypeObject*, PyObject* args, PyObject* kwargs) {
   }
 }
 
-#define JAXLIB_PATCH_MEMBER(type, field)                         \
+#define JAXLIB_PATCH_MEMBER(type, field)                                \
   {#field, T_OBJECT_EX, static_cast<Py_ssize_t>(offsetof(type, field)), \
    READONLY, nullptr}
 
@@ -92,12 +91,12 @@ PyMemberDef dispatch_args_members[] = {
     {nullptr, 0, 0, 0, nullptr}};
 
 PyType_Slot dispatch_args_slots[] = {
-    {Py_tp_doc, const_cast<char*>(
-                    "DispatchArgs(leaves, treedef, args=(), kwargs={})\n\n"
-                    "The dynamic arguments of a call of a jitted function, "
-                    "flattened once (one identity scope), as the stock C++ "
-                    "dispatch receives them; `args` and `kwargs` are the "
-                    "call's own arguments.")},
+    {Py_tp_doc,
+     const_cast<char*>("DispatchArgs(leaves, treedef, args=(), kwargs={})\n\n"
+                       "The dynamic arguments of a call of a jitted function, "
+                       "flattened once (one identity scope), as the stock C++ "
+                       "dispatch receives them; `args` and `kwargs` are the "
+                       "call's own arguments.")},
     {Py_tp_new, reinterpret_cast<void*>(DispatchArgsNew)},
     {Py_tp_dealloc, reinterpret_cast<void*>(DispatchArgsDealloc)},
     {Py_tp_traverse, reinterpret_cast<void*>(DispatchArgsTraverse)},
@@ -111,7 +110,6 @@ PyType_Spec dispatch_args_spec = {
 
 // ---------------------------------------------------------------------------
 // JitFunction.
-
 
 PyTypeObject* jit_function_type = nullptr;
 
@@ -180,9 +178,9 @@ nb::tuple SplitStaticArgs(nb::tuple args, nb::dict kwargs,
   nb::dict dynamic_kwargs, static_kwargs;
   for (auto [name, value] : kwargs) {
     if (!PyUnicode_Check(name.ptr())) {
-      throw nb::type_error(("Keyword argument names must be str, got " +
-                            Repr(name) + ".")
-                               .c_str());
+      throw nb::type_error(
+          ("Keyword argument names must be str, got " + Repr(name) + ".")
+              .c_str());
     }
     (IsStaticName(names.ptr(), name.ptr()) ? static_kwargs
                                            : dynamic_kwargs)[name] = value;
@@ -199,8 +197,9 @@ nb::tuple SplitStaticArgs(nb::tuple args, nb::dict kwargs,
 nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
                            Py_ssize_t nargs, PyObject* kwnames) {
   if (!self->dispatch.is_valid()) {
-    throw nb::value_error("This jitted function was cleared by the garbage "
-                          "collector.");
+    throw nb::value_error(
+        "This jitted function was cleared by the garbage "
+        "collector.");
   }
   const Py_ssize_t nkwargs = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
   nb::object call_args = nb::steal(PyTuple_New(nargs));
@@ -275,8 +274,7 @@ nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
   // and replace `self->last_treedef`.
   nb::object last_treedef = self->last_treedef;
   const PyTreeDef* last =
-      last_treedef.is_valid() ? nb::inst_ptr<PyTreeDef>(last_treedef)
-                              : nullptr;
+      last_treedef.is_valid() ? nb::inst_ptr<PyTreeDef>(last_treedef) : nullptr;
   nb::list leaves;
   PyTreeDef treedef = PyTreeDef::FlattenUnwrapped(
       self->registry, nb::make_tuple(dynamic_args, dynamic_kwargs), leaves,
@@ -303,8 +301,8 @@ nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
 PyObject* JitFunctionVectorcall(PyObject* callable, PyObject* const* args,
                                 size_t nargsf, PyObject* kwnames) {
   try {
-    return CallJitFunction(reinterpret_cast<JitFunctionObject*>(callable),
-                           args, PyVectorcall_NARGS(nargsf), kwnames)
+    return CallJitFunction(reinterpret_cast<JitFunctionObject*>(callable), args,
+                           PyVectorcall_NARGS(nargsf), kwnames)
         .release()
         .ptr();
   } catch (...) {
@@ -353,8 +351,9 @@ PyObject* JitFunctionDescrGet(PyObject* self, PyObject* obj, PyObject*) {
 JitFunctionObject* Self(PyObject* self) {
   auto* o = reinterpret_cast<JitFunctionObject*>(self);
   if (!o->dispatch.is_valid()) {
-    throw nb::value_error("This jitted function was cleared by the garbage "
-                          "collector.");
+    throw nb::value_error(
+        "This jitted function was cleared by the garbage "
+        "collector.");
   }
   return o;
 }
@@ -412,8 +411,8 @@ PyGetSetDef jit_function_getset[] = {
 
 PyMemberDef jit_function_members[] = {
     {"__vectorcalloffset__", T_PYSSIZET,
-     static_cast<Py_ssize_t>(offsetof(JitFunctionObject, vectorcall)),
-     READONLY, nullptr},
+     static_cast<Py_ssize_t>(offsetof(JitFunctionObject, vectorcall)), READONLY,
+     nullptr},
     {"__dictoffset__", T_PYSSIZET,
      static_cast<Py_ssize_t>(offsetof(JitFunctionObject, dict)), READONLY,
      nullptr},
@@ -423,10 +422,10 @@ PyMemberDef jit_function_members[] = {
     {nullptr, 0, 0, 0, nullptr}};
 
 PyType_Slot jit_function_slots[] = {
-    {Py_tp_doc, const_cast<char*>(
-                    "What jax.jit returns: flattens the dynamic arguments "
-                    "once with the tracing registry and calls the stock C++ "
-                    "dispatch with them.")},
+    {Py_tp_doc,
+     const_cast<char*>("What jax.jit returns: flattens the dynamic arguments "
+                       "once with the tracing registry and calls the stock C++ "
+                       "dispatch with them.")},
     {Py_tp_dealloc, reinterpret_cast<void*>(JitFunctionDealloc)},
     {Py_tp_traverse, reinterpret_cast<void*>(JitFunctionTraverse)},
     {Py_tp_clear, reinterpret_cast<void*>(JitFunctionClear)},
@@ -451,9 +450,8 @@ nb::object MakeJitFunction(nb::callable fun, nb::callable dispatch,
                            std::vector<Py_ssize_t> static_argnums,
                            std::vector<nb::str> static_argnames) {
   if (!nb::isinstance<PyTreeRegistry>(registry)) {
-    throw nb::type_error(("Expected a PyTreeRegistry, got " + Repr(registry) +
-                          ".")
-                             .c_str());
+    throw nb::type_error(
+        ("Expected a PyTreeRegistry, got " + Repr(registry) + ".").c_str());
   }
   nb::tuple names = StaticArgnamesTuple(std::move(static_argnames));
   PyObject* self = jit_function_type->tp_alloc(jit_function_type, 0);
@@ -473,16 +471,16 @@ nb::object MakeJitFunction(nb::callable fun, nb::callable dispatch,
 }  // namespace
 
 void BindJitFunction(nb::module_& m) {
-  dispatch_args_type = reinterpret_cast<PyTypeObject*>(
-      PyType_FromSpec(&dispatch_args_spec));
+  dispatch_args_type =
+      reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&dispatch_args_spec));
   if (dispatch_args_type == nullptr) throw nb::python_error();
-  m.attr("DispatchArgs") = nb::borrow(
-      reinterpret_cast<PyObject*>(dispatch_args_type));
-  jit_function_type = reinterpret_cast<PyTypeObject*>(
-      PyType_FromSpec(&jit_function_spec));
+  m.attr("DispatchArgs") =
+      nb::borrow(reinterpret_cast<PyObject*>(dispatch_args_type));
+  jit_function_type =
+      reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&jit_function_spec));
   if (jit_function_type == nullptr) throw nb::python_error();
-  m.attr("PjitFunction") = nb::borrow(
-      reinterpret_cast<PyObject*>(jit_function_type));
+  m.attr("PjitFunction") =
+      nb::borrow(reinterpret_cast<PyObject*>(jit_function_type));
   m.def("make_jit_function", &MakeJitFunction, nb::arg("fun"),
         nb::arg("dispatch"), nb::arg("registry"), nb::arg("static_argnums"),
         nb::arg("static_argnames"),

@@ -10,16 +10,14 @@
 namespace jaxlib_patch {
 
 struct DispatchArgsObject {
-  PyObject_HEAD
-  nb::object leaves;
+  PyObject_HEAD nb::object leaves;
   nb::object treedef;
   nb::object args;
   nb::object kwargs;
 };
 
 struct JitFunctionObject {
-  PyObject_HEAD
-  vectorcallfunc vectorcall;
+  PyObject_HEAD vectorcallfunc vectorcall;
   PyObject* dict;      // Owned; the instance __dict__ (functools.wraps).
   PyObject* weakrefs;  // Managed by CPython.
   // The user's function; the stock dispatch (a PjitFunction); the tracing

@@ -12,7 +12,7 @@ namespace {
 // Binds the parts every key class shares: pickling through a one-item tuple,
 // == on the same class, and __match_args__.
 template <typename Key, typename Value, typename Class>
-void BindCommon(Class& cls, const char* field, Value Key::*member) {
+void BindCommon(Class& cls, const char* field, Value Key::* member) {
   cls.def("__getstate__",
           [member](const Key& self) { return nb::make_tuple(self.*member); })
       .def("__setstate__",
@@ -22,17 +22,15 @@ void BindCommon(Class& cls, const char* field, Value Key::*member) {
              }
              new (&self) Key{nb::cast<Value>(state[0])};
            })
-      .def(
-          "__eq__",
-          [member](const Key& self, nb::handle other) {
-            if (!nb::isinstance<Key>(other)) return false;
-            const Key& rhs = nb::cast<const Key&>(other);
-            if constexpr (std::is_same_v<Value, int>) {
-              return self.*member == rhs.*member;
-            } else {
-              return nb::handle(self.*member).equal(rhs.*member);
-            }
-          });
+      .def("__eq__", [member](const Key& self, nb::handle other) {
+        if (!nb::isinstance<Key>(other)) return false;
+        const Key& rhs = nb::cast<const Key&>(other);
+        if constexpr (std::is_same_v<Value, int>) {
+          return self.*member == rhs.*member;
+        } else {
+          return nb::handle(self.*member).equal(rhs.*member);
+        }
+      });
   cls.attr("__match_args__") = nb::make_tuple(field);
 }
 
@@ -52,12 +50,14 @@ nb::object MakeFlattenedIndexKey(Py_ssize_t key) {
 }
 
 void BindKeys(nb::module_& m) {
-  auto sequence_key = nb::class_<SequenceKey>(m, "SequenceKey",
-                                              nb::sig("class SequenceKey(Hashable)"));
+  auto sequence_key = nb::class_<SequenceKey>(
+      m, "SequenceKey", nb::sig("class SequenceKey(Hashable)"));
   sequence_key.def(nb::init<int>(), nb::arg("idx"))
       .def_ro("idx", &SequenceKey::idx)
       .def("__str__",
-           [](const SequenceKey& k) { return "[" + std::to_string(k.idx) + "]"; })
+           [](const SequenceKey& k) {
+             return "[" + std::to_string(k.idx) + "]";
+           })
       .def("__repr__",
            [](const SequenceKey& k) {
              return "SequenceKey(idx=" + std::to_string(k.idx) + ")";
@@ -67,8 +67,9 @@ void BindKeys(nb::module_& m) {
       });
   BindCommon(sequence_key, "idx", &SequenceKey::idx);
 
-  auto dict_key = nb::class_<DictKey>(m, "DictKey", nb::sig("class DictKey(Hashable)"),
-                                      nb::type_slots(dict_key_gc_slots));
+  auto dict_key =
+      nb::class_<DictKey>(m, "DictKey", nb::sig("class DictKey(Hashable)"),
+                          nb::type_slots(dict_key_gc_slots));
   dict_key.def(nb::init<nb::object>(), nb::arg("key").none())
       .def_ro("key", &DictKey::key)
       .def("__str__",
@@ -80,8 +81,8 @@ void BindKeys(nb::module_& m) {
       .def("__hash__", [](const DictKey& k) { return nb::hash(k.key); });
   BindCommon(dict_key, "key", &DictKey::key);
 
-  auto get_attr_key = nb::class_<GetAttrKey>(m, "GetAttrKey",
-                                             nb::sig("class GetAttrKey(Hashable)"));
+  auto get_attr_key = nb::class_<GetAttrKey>(
+      m, "GetAttrKey", nb::sig("class GetAttrKey(Hashable)"));
   get_attr_key.def(nb::init<nb::str>(), nb::arg("name"))
       .def_ro("name", &GetAttrKey::name)
       .def("__str__",

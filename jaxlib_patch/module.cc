@@ -20,8 +20,7 @@ namespace {
 bool CheckFlag(nb::handle flag) {
   if (!PyBool_Check(flag.ptr())) {
     throw nb::type_error(
-        ("preserve_relative_identities must be a bool, got " +
-         Repr(flag) + ".")
+        ("preserve_relative_identities must be a bool, got " + Repr(flag) + ".")
             .c_str());
   }
   return flag.ptr() == Py_True;
@@ -92,9 +91,12 @@ NB_MODULE(pytree, m) {
                         self.distance;
            })
       .def("__hash__",
-           [](const SharedReference& self) { return nb::hash(nb::int_(self.distance)); })
+           [](const SharedReference& self) {
+             return nb::hash(nb::int_(self.distance));
+           })
       .def("__repr__", [](const SharedReference& self) {
-        return "SharedReference(distance=" + std::to_string(self.distance) + ")";
+        return "SharedReference(distance=" + std::to_string(self.distance) +
+               ")";
       });
 
   nb::class_<PyTreeRegistry>(m, "PyTreeRegistry", nb::dynamic_attr(),
@@ -103,16 +105,18 @@ NB_MODULE(pytree, m) {
            nb::arg("enable_none") = true, nb::arg("enable_tuple") = true,
            nb::arg("enable_namedtuple") = true, nb::arg("enable_list") = true,
            nb::arg("enable_dict") = true)
-      .def(
-          "flatten", &PyTreeDef::Flatten<false>, nb::arg("tree").none(), nb::arg("leaf_predicate").none() = nb::none(),
-          nb::sig("def flatten(self, tree: object | None, leaf_predicate: "
-                  "Callable[[Any], bool] | None = None) -> "
-                  "tuple[list[Any], PyTreeDef]"))
-      .def(
-          "flatten_with_path", &PyTreeDef::Flatten<true>, nb::arg("tree").none(), nb::arg("leaf_predicate").none() = nb::none(),
-          nb::sig("def flatten_with_path(self, tree: object | None, "
-                  "leaf_predicate: typing.Callable[[Any, Any], bool] | None = None) "
-                  "-> tuple[list[tuple[_KeyPath, Any]], PyTreeDef]"))
+      .def("flatten", &PyTreeDef::Flatten<false>, nb::arg("tree").none(),
+           nb::arg("leaf_predicate").none() = nb::none(),
+           nb::sig("def flatten(self, tree: object | None, leaf_predicate: "
+                   "Callable[[Any], bool] | None = None) -> "
+                   "tuple[list[Any], PyTreeDef]"))
+      .def("flatten_with_path", &PyTreeDef::Flatten<true>,
+           nb::arg("tree").none(),
+           nb::arg("leaf_predicate").none() = nb::none(),
+           nb::sig("def flatten_with_path(self, tree: object | None, "
+                   "leaf_predicate: typing.Callable[[Any, Any], bool] | None = "
+                   "None) "
+                   "-> tuple[list[tuple[_KeyPath, Any]], PyTreeDef]"))
       .def("flatten_one_level", &FlattenOneLevel, nb::arg("tree").none(),
            nb::sig("def flatten_one_level(self, tree: object | None) -> "
                    "tuple[Iterable[Any], Any] | None"))
@@ -128,21 +132,22 @@ NB_MODULE(pytree, m) {
              nb::callable from_iterable,
              std::optional<nb::callable> to_iterable_with_keys,
              nb::handle preserve_relative_identities) {
-            self.RegisterNode(
-                std::move(type), std::move(to_iterable),
-                std::move(from_iterable),
-                to_iterable_with_keys ? nb::object(*to_iterable_with_keys)
-                                      : nb::none(),
-                CheckFlag(preserve_relative_identities));
+            self.RegisterNode(std::move(type), std::move(to_iterable),
+                              std::move(from_iterable),
+                              to_iterable_with_keys
+                                  ? nb::object(*to_iterable_with_keys)
+                                  : nb::none(),
+                              CheckFlag(preserve_relative_identities));
           },
           nb::arg("type"), nb::arg("to_iterable"), nb::arg("from_iterable"),
           nb::arg("to_iterable_with_keys").none() = nb::none(), nb::kw_only(),
           nb::arg("preserve_relative_identities") = false,
-          nb::sig("def register_node(self, type: type[_T], to_iterable: "
-                  "Callable[[_T], tuple[_Children, _AuxData]], from_iterable: "
-                  "Callable[[_AuxData, _Children], _T], to_iterable_with_keys: "
-                  "Callable[[_T], tuple[_KeyLeafPairs, _AuxData]] | None = "
-                  "None, *, preserve_relative_identities: bool = False) -> Any"))
+          nb::sig(
+              "def register_node(self, type: type[_T], to_iterable: "
+              "Callable[[_T], tuple[_Children, _AuxData]], from_iterable: "
+              "Callable[[_AuxData, _Children], _T], to_iterable_with_keys: "
+              "Callable[[_T], tuple[_KeyLeafPairs, _AuxData]] | None = "
+              "None, *, preserve_relative_identities: bool = False) -> Any"))
       .def(
           "register_dataclass_node",
           [](PyTreeRegistry& self, nb::type_object type,
@@ -172,8 +177,9 @@ NB_MODULE(pytree, m) {
            "base class was given to preserve_relative_identities().",
            nb::sig("def preserves_relative_identities(self, type: type, /) "
                    "-> bool"))
-      .def("__reduce__", [](nb::handle self) { return self.attr("__name__"); },
-           nb::sig("def __reduce__(self) -> str"));
+      .def(
+          "__reduce__", [](nb::handle self) { return self.attr("__name__"); },
+          nb::sig("def __reduce__(self) -> str"));
 
   nb::class_<PyTreeDef>(m, "PyTreeDef", nb::type_slots(treedef_gc_slots))
       .def("unflatten", &PyTreeDef::Unflatten,
@@ -195,13 +201,13 @@ NB_MODULE(pytree, m) {
       .def("node_data", &PyTreeDef::NodeData,
            "Returns None if a leaf-pytree, else (type, node_data)",
            nb::sig("def node_data(self) -> tuple[type, Any] | None"))
-      .def_static(
-          "from_node_data_and_children", &PyTreeDef::FromNodeDataAndChildren,
-          nb::arg("registry"), nb::arg("node_data").none(), nb::arg("children"),
-          "Reconstructs a pytree from `node_data()` and `children()`.",
-          nb::sig("def from_node_data_and_children(self, registry: "
-                  "PyTreeRegistry, node_data: tuple[type, Any] | None, "
-                  "children: typing.Iterable[PyTreeDef]) -> PyTreeDef"))
+      .def_static("from_node_data_and_children",
+                  &PyTreeDef::FromNodeDataAndChildren, nb::arg("registry"),
+                  nb::arg("node_data").none(), nb::arg("children"),
+                  "Reconstructs a pytree from `node_data()` and `children()`.",
+                  nb::sig("def from_node_data_and_children(self, registry: "
+                          "PyTreeRegistry, node_data: tuple[type, Any] | None, "
+                          "children: typing.Iterable[PyTreeDef]) -> PyTreeDef"))
       .def("broadcast_flattened_prefix", &PyTreeDef::BroadcastFlattenedPrefix,
            nb::arg("prefix_treedef"), nb::arg("prefix_leaves"),
            "The leaves of a tree prefix (with `prefix_treedef`) broadcast "
@@ -217,8 +223,7 @@ NB_MODULE(pytree, m) {
                    "Whether some node is the target of a reference in this "
                    "treedef (a node with relative identities that the "
                    "flattened tree held more than once).")
-      .def_prop_ro("has_external_references",
-                   &PyTreeDef::HasExternalReferences,
+      .def_prop_ro("has_external_references", &PyTreeDef::HasExternalReferences,
                    "Whether some reference's target lies outside this "
                    "treedef (a child cut out of a larger one); such a "
                    "treedef cannot be unflattened on its own.")
@@ -259,10 +264,10 @@ NB_MODULE(pytree, m) {
 
   m.attr("_default_registry") = m.attr("PyTreeRegistry")();
   default_registry_ref = m.attr("_default_registry");
-  m.def("default_registry",
-        []() { return nb::borrow(default_registry_ref); },
-        nb::sig("def default_registry() -> "
-                "jaxlib_patch.pytree.PyTreeRegistry"));
+  m.def(
+      "default_registry", []() { return nb::borrow(default_registry_ref); },
+      nb::sig("def default_registry() -> "
+              "jaxlib_patch.pytree.PyTreeRegistry"));
   m.def("treedef_tuple", &PyTreeDef::Tuple, nb::arg("registry"), nb::arg(),
         nb::sig("def treedef_tuple(registry: PyTreeRegistry, arg0: "
                 "Sequence[PyTreeDef], /) -> PyTreeDef"));

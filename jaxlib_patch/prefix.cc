@@ -66,11 +66,11 @@ class PrefixBroadcast {
   nb::list Run() {
     if (static_cast<Py_ssize_t>(nb::len(prefix_leaves_)) !=
         prefix_def_.num_leaves()) {
-      throw nb::value_error(
-          ("Expected " + std::to_string(prefix_def_.num_leaves()) +
-           " prefix leaves, got " + std::to_string(nb::len(prefix_leaves_)) +
-           ".")
-              .c_str());
+      throw nb::value_error(("Expected " +
+                             std::to_string(prefix_def_.num_leaves()) +
+                             " prefix leaves, got " +
+                             std::to_string(nb::len(prefix_leaves_)) + ".")
+                                .c_str());
     }
     CheckNoExternalReference(prefix_, "prefix");
     CheckNoExternalReference(full_, "full");
@@ -87,7 +87,8 @@ class PrefixBroadcast {
         CheckReference(position, prefix_position);
       }
     } catch (const NotAPrefix&) {
-      throw nb::value_error("`prefix_treedef` is not a prefix of `full_treedef`");
+      throw nb::value_error(
+          "`prefix_treedef` is not a prefix of `full_treedef`");
     }
     return result_;
   }
@@ -131,9 +132,8 @@ class PrefixBroadcast {
   }
 
   nb::handle PrefixValue(Py_ssize_t p) const {
-    return PyList_GET_ITEM(
-        prefix_leaves_.ptr(),
-        FirstLeaf(prefix_, prefix_leaves_through_, p));
+    return PyList_GET_ITEM(prefix_leaves_.ptr(),
+                           FirstLeaf(prefix_, prefix_leaves_through_, p));
   }
 
   // Pass 1: walks both treedefs together from their roots. A prefix leaf
@@ -155,7 +155,8 @@ class PrefixBroadcast {
       references_.emplace_back(f, p);
       return;
     }
-    if (full_node.kind == PyTreeKind::kLeaf || !NodesEqual(prefix_node, full_node)) {
+    if (full_node.kind == PyTreeKind::kLeaf ||
+        !NodesEqual(prefix_node, full_node)) {
       throw NotAPrefix();
     }
     const std::vector<Py_ssize_t> prefix_children = prefix_def_.ChildIndices(p);
@@ -195,8 +196,7 @@ class PrefixBroadcast {
     if (prefix_node.kind == PyTreeKind::kLeaf) {
       const ValueSummary& summary = summaries_[f];
       switch (summary.kind) {
-        case ValueSummary::kNoLeaves:
-          return true;
+        case ValueSummary::kNoLeaves: return true;
         case ValueSummary::kOneValue:
           if (SameValue(summary.value, PrefixValue(p))) return true;
           conflict_given_ = nb::borrow(PrefixValue(p));
@@ -306,7 +306,8 @@ void BindSharedPrefixError(nb::module_& m) {
   nb::object type = nb::steal(PyErr_NewExceptionWithDoc(
       "jaxlib_patch.pytree.SharedPrefixError",
       "A tree prefix gives two different values to one shared pytree node.\n\n"
-      "``paths`` holds the key paths of the node's first occurrence and of the\n"
+      "``paths`` holds the key paths of the node's first occurrence and of "
+      "the\n"
       "other one, ``values`` what the prefix gives there.",
       PyExc_ValueError, nullptr));
   if (!type.is_valid()) throw nb::python_error();

@@ -156,10 +156,10 @@ inline size_t HashCombine(size_t seed, size_t value) {
 inline size_t HashNode(size_t seed, const Node& node) {
   seed = HashCombine(seed, static_cast<size_t>(node.kind));
   seed = HashCombine(seed, node.arity);
-  seed = HashCombine(seed, node.custom == nullptr
-                               ? 0
-                               : reinterpret_cast<uintptr_t>(
-                                     node.custom->type.ptr()));
+  seed = HashCombine(
+      seed, node.custom == nullptr
+                ? 0
+                : reinterpret_cast<uintptr_t>(node.custom->type.ptr()));
   return HashCombine(seed, node.shared_distance);
 }
 
@@ -352,8 +352,7 @@ bool SameDictKeys(const std::vector<nb::object>& keys, size_t size,
                   KeyAt&& key_at) {
   if (keys.size() != size) return false;
   for (size_t i = 0; i < size; ++i) {
-    const int equal =
-        PyObject_RichCompareBool(keys[i].ptr(), key_at(i), Py_EQ);
+    const int equal = PyObject_RichCompareBool(keys[i].ptr(), key_at(i), Py_EQ);
     if (equal < 0) throw nb::python_error();
     if (equal == 0) return false;
   }

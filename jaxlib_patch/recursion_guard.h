@@ -20,7 +20,8 @@ class RecursionGuard {
     char here;
     if (reinterpret_cast<uintptr_t>(&here) < StackLimit()) {
       PyErr_Format(PyExc_RecursionError,
-                   "maximum pytree depth exceeded%s (C stack exhausted)", where);
+                   "maximum pytree depth exceeded%s (C stack exhausted)",
+                   where);
       throw nb::python_error();
     }
     if (Py_EnterRecursiveCall(where) != 0) throw nb::python_error();

@@ -44,13 +44,12 @@ void PyTreeRegistry::Insert(std::unique_ptr<Registration> registration) {
     inserted = registrations_.try_emplace(type, std::move(registration)).second;
   }
   if (!inserted) {  // try_emplace left `registration` untouched.
-    const char* what = registration->kind == PyTreeKind::kDataclass
-                           ? "Duplicate custom dataclass PyTreeDef type "
-                             "registration for "
-                           : "Duplicate custom PyTreeDef type registration for ";
-    throw nb::value_error(
-        (what + Repr(registration->type) + ".")
-            .c_str());
+    const char* what =
+        registration->kind == PyTreeKind::kDataclass
+            ? "Duplicate custom dataclass PyTreeDef type "
+              "registration for "
+            : "Duplicate custom PyTreeDef type registration for ";
+    throw nb::value_error((what + Repr(registration->type) + ".").c_str());
   }
 }
 

@@ -21,13 +21,12 @@ nb::object PyTreeDef::GetState() const {
     nb::object data = ExportedNodeData(node);
     nb::object type = node.custom != nullptr ? node.custom->type : nb::none();
     if (node.is_reference()) {
-      nodes.append(nb::make_tuple(static_cast<int>(node.kind), node.arity,
-                                  data, type, node.num_leaves, node.num_nodes,
+      nodes.append(nb::make_tuple(static_cast<int>(node.kind), node.arity, data,
+                                  type, node.num_leaves, node.num_nodes,
                                   node.shared_distance));
     } else {
-      nodes.append(nb::make_tuple(static_cast<int>(node.kind), node.arity,
-                                  data, type, node.num_leaves,
-                                  node.num_nodes));
+      nodes.append(nb::make_tuple(static_cast<int>(node.kind), node.arity, data,
+                                  type, node.num_leaves, node.num_nodes));
     }
   }
   return nb::make_tuple(registry_ref_, nodes);
@@ -67,8 +66,8 @@ bool IsStockTreeDef(nb::handle obj) {
     return false;
   }
   return PyUnicode_Check(module.ptr()) &&
-         PyUnicode_CompareWithASCIIString(module.ptr(),
-                                          "jaxlib._jax.pytree") == 0;
+         PyUnicode_CompareWithASCIIString(module.ptr(), "jaxlib._jax.pytree") ==
+             0;
 }
 
 PyTreeDef PyTreeDef::FromStockTreeDef(nb::handle stock) const {
@@ -98,22 +97,25 @@ void PyTreeDef::SetNodes(nb::handle nodes) {
     }
     node.kind = static_cast<PyTreeKind>(kind);
     node.arity = nb::cast<Py_ssize_t>(fields[1]);
-    if (fields.size() == 7) node.shared_distance = nb::cast<Py_ssize_t>(fields[6]);
+    if (fields.size() == 7)
+      node.shared_distance = nb::cast<Py_ssize_t>(fields[6]);
     const bool has_data = node.kind == PyTreeKind::kNamedTuple ||
                           node.kind == PyTreeKind::kCustom ||
                           node.kind == PyTreeKind::kDataclass;
     if (node.kind == PyTreeKind::kDict) {
-      if (!PyList_Check(fields[2].ptr())) FailMalformedState("a dict's keys are not a list");
+      if (!PyList_Check(fields[2].ptr()))
+        FailMalformedState("a dict's keys are not a list");
       node.dict_keys = DictKeysFrom(fields[2]);
     } else if (has_data && !node.is_reference()) {
       node.node_data = nb::borrow(fields[2]);
     }
-    if (node.kind == PyTreeKind::kCustom || node.kind == PyTreeKind::kDataclass) {
+    if (node.kind == PyTreeKind::kCustom ||
+        node.kind == PyTreeKind::kDataclass) {
       nb::handle type = fields[3];
-      node.custom = PyType_Check(type.ptr())
-                        ? registry_->Lookup(
-                              reinterpret_cast<PyTypeObject*>(type.ptr()))
-                        : nullptr;
+      node.custom =
+          PyType_Check(type.ptr())
+              ? registry_->Lookup(reinterpret_cast<PyTypeObject*>(type.ptr()))
+              : nullptr;
       if (node.custom == nullptr) {
         FailMalformedState("unknown custom type " + Repr(type));
       }
@@ -246,8 +248,8 @@ nb::bytes PyTreeDef::SerializeUsingProto() const {
           Py_ssize_t size;
           const char* utf8 = PyUnicode_AsUTF8AndSize(key.ptr(), &size);
           if (utf8 == nullptr) throw nb::python_error();
-          auto [it, inserted] = string_ids.try_emplace(std::string(utf8, size),
-                                                       interned.size());
+          auto [it, inserted] =
+              string_ids.try_emplace(std::string(utf8, size), interned.size());
           if (inserted) interned.push_back(it->first);
           PutVarint(keys, it->second);
         }
@@ -338,7 +340,8 @@ nb::object PyTreeDef::DeserializeUsingProto(
     if (node.kind != PyTreeKind::kDict) continue;
     for (uint32_t id : dict_key_ids[i]) {
       if (id >= interned.size()) ProtoReader::Fail();
-      node.dict_keys.push_back(nb::str(interned[id].data(), interned[id].size()));
+      node.dict_keys.push_back(
+          nb::str(interned[id].data(), interned[id].size()));
     }
   }
   treedef.Validate();

@@ -20,7 +20,8 @@ std::string Str(nb::handle obj) { return Utf8(nb::str(obj)); }
 std::string Repr(nb::handle obj) { return Utf8(nb::repr(obj)); }
 
 nb::str FromUtf8(const std::string& text) {
-  PyObject* str = PyUnicode_DecodeUTF8(text.data(), text.size(), "surrogatepass");
+  PyObject* str =
+      PyUnicode_DecodeUTF8(text.data(), text.size(), "surrogatepass");
   if (str == nullptr) throw nb::python_error();
   return nb::steal<nb::str>(str);
 }

@@ -13,11 +13,9 @@ namespace jaxlib_patch {
 
 namespace {
 
-
 nb::object TypeOf(const Node& node) {
   switch (node.kind) {
-    case PyTreeKind::kLeaf:
-      return nb::none();
+    case PyTreeKind::kLeaf: return nb::none();
     case PyTreeKind::kNone:
       return nb::borrow(reinterpret_cast<PyObject*>(Py_TYPE(Py_None)));
     case PyTreeKind::kTuple:
@@ -26,11 +24,9 @@ nb::object TypeOf(const Node& node) {
       return nb::borrow(reinterpret_cast<PyObject*>(&PyList_Type));
     case PyTreeKind::kDict:
       return nb::borrow(reinterpret_cast<PyObject*>(&PyDict_Type));
-    case PyTreeKind::kNamedTuple:
-      return node.node_data;
+    case PyTreeKind::kNamedTuple: return node.node_data;
     case PyTreeKind::kCustom:
-    case PyTreeKind::kDataclass:
-      return node.custom->type;
+    case PyTreeKind::kDataclass: return node.custom->type;
   }
   JAXLIB_PATCH_INTERNAL_ERROR("Unknown PyTreeKind");
 }
@@ -47,7 +43,8 @@ const PyTreeDef& CastTreeDef(nb::handle obj) {
 
 PyTreeRegistry* PyTreeDef::registry() const {
   if (registry_ == nullptr) {
-    throw nb::value_error("This PyTreeDef was cleared by the garbage collector.");
+    throw nb::value_error(
+        "This PyTreeDef was cleared by the garbage collector.");
   }
   return registry_;
 }
@@ -179,7 +176,8 @@ nb::str PyTreeDef::ToString() const {
     std::string text;
   };
   std::vector<Step> steps;
-  if (!traversal_.empty()) steps.push_back({Py_ssize_t(traversal_.size()) - 1, {}});
+  if (!traversal_.empty())
+    steps.push_back({Py_ssize_t(traversal_.size()) - 1, {}});
   while (!steps.empty()) {
     Step step = std::move(steps.back());
     steps.pop_back();
@@ -201,12 +199,8 @@ nb::str PyTreeDef::ToString() const {
     }
     std::string open, close;
     switch (node.kind) {
-      case PyTreeKind::kLeaf:
-        out += "*";
-        continue;
-      case PyTreeKind::kNone:
-        out += "None";
-        continue;
+      case PyTreeKind::kLeaf: out += "*"; continue;
+      case PyTreeKind::kNone: out += "None"; continue;
       case PyTreeKind::kTuple:
         open = "(";
         close = node.arity == 1 ? ",)" : ")";
@@ -268,12 +262,8 @@ nb::tuple PyTreeDef::KeyPathTo(Py_ssize_t index) const {
       case PyTreeKind::kDataclass:
         keys.push_back(MakeGetAttrKey(node.custom->data_fields[k]));
         break;
-      case PyTreeKind::kCustom:
-        keys.push_back(MakeFlattenedIndexKey(k));
-        break;
-      default:
-        keys.push_back(MakeSequenceKey(k));
-        break;
+      case PyTreeKind::kCustom: keys.push_back(MakeFlattenedIndexKey(k)); break;
+      default: keys.push_back(MakeSequenceKey(k)); break;
     }
     at = children[k];
   }
@@ -298,8 +288,8 @@ uint64_t PyTreeDef::NewOrigin() {
 
 PyTreeDef::NodeKey PyTreeDef::KeyOf(size_t index) const {
   if (!provenance_.empty()) return provenance_[index];
-  return {origin_, static_cast<Py_ssize_t>(index) -
-                       traversal_[index].shared_distance};
+  return {origin_,
+          static_cast<Py_ssize_t>(index) - traversal_[index].shared_distance};
 }
 
 std::vector<nb::object> PyTreeDef::Children() const {
@@ -387,7 +377,8 @@ nb::object ExportedNodeData(const Node& node) {
   if (node.kind == PyTreeKind::kDict) {
     nb::list keys = nb::steal<nb::list>(PyList_New(node.dict_keys.size()));
     for (size_t i = 0; i < node.dict_keys.size(); ++i) {
-      PyList_SET_ITEM(keys.ptr(), i, nb::object(node.dict_keys[i]).release().ptr());
+      PyList_SET_ITEM(keys.ptr(), i,
+                      nb::object(node.dict_keys[i]).release().ptr());
     }
     return std::move(keys);
   }
@@ -574,8 +565,7 @@ static void ValidateNodeData(const Node& node, Fail&& fail) {
       if (node.arity != 0) fail("a leaf or None with children");
       break;
     case PyTreeKind::kTuple:
-    case PyTreeKind::kList:
-      break;
+    case PyTreeKind::kList: break;
     case PyTreeKind::kDict:
       if (static_cast<Py_ssize_t>(node.dict_keys.size()) != node.arity) {
         throw std::runtime_error("Number of keys and entries does not match.");
@@ -612,7 +602,8 @@ void PyTreeDef::Validate() {
   for (size_t i = 0; i < traversal_.size(); ++i) {
     Node& node = traversal_[i];
     if (node.arity < 0 || node.arity > static_cast<Py_ssize_t>(open.size())) {
-      throw std::runtime_error("PyTreeDef traversal did not yield a singleton.");
+      throw std::runtime_error(
+          "PyTreeDef traversal did not yield a singleton.");
     }
     Py_ssize_t leaves = node.kind == PyTreeKind::kLeaf ? 1 : 0;
     Py_ssize_t nodes = 1;

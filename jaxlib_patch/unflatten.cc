@@ -20,10 +20,8 @@ static nb::object TupleOf(nb::object* children, Py_ssize_t n) {
 
 nb::object MakeNode(const Node& node, nb::object* children) {
   switch (node.kind) {
-    case PyTreeKind::kNone:
-      return nb::none();
-    case PyTreeKind::kTuple:
-      return TupleOf(children, node.arity);
+    case PyTreeKind::kNone: return nb::none();
+    case PyTreeKind::kTuple: return TupleOf(children, node.arity);
     case PyTreeKind::kList: {
       nb::object list = nb::steal(PyList_New(node.arity));
       for (Py_ssize_t i = 0; i < node.arity; ++i) {
@@ -40,7 +38,8 @@ nb::object MakeNode(const Node& node, nb::object* children) {
     }
     case PyTreeKind::kNamedTuple: {
       nb::object args = TupleOf(children, node.arity);
-      PyObject* result = PyObject_Call(node.node_data.ptr(), args.ptr(), nullptr);
+      PyObject* result =
+          PyObject_Call(node.node_data.ptr(), args.ptr(), nullptr);
       if (result == nullptr) throw nb::python_error();
       return nb::steal(result);
     }
@@ -56,8 +55,8 @@ nb::object MakeNode(const Node& node, nb::object* children) {
         kwargs[data_fields[i]] = children[i];
       }
       for (size_t i = 0; i < meta_fields.size(); ++i) {
-        kwargs[meta_fields[i]] = nb::handle(
-            PyTuple_GET_ITEM(node.node_data.ptr(), i));
+        kwargs[meta_fields[i]] =
+            nb::handle(PyTuple_GET_ITEM(node.node_data.ptr(), i));
       }
       PyObject* empty = PyTuple_New(0);
       PyObject* result =
@@ -66,8 +65,7 @@ nb::object MakeNode(const Node& node, nb::object* children) {
       if (result == nullptr) throw nb::python_error();
       return nb::steal(result);
     }
-    case PyTreeKind::kLeaf:
-      break;
+    case PyTreeKind::kLeaf: break;
   }
   JAXLIB_PATCH_INTERNAL_ERROR("MakeNode called on a leaf");
 }
@@ -110,7 +108,8 @@ nb::object BuildBottomUp(const std::vector<Node>& traversal, LeafFn&& leaf,
     }
     JAXLIB_PATCH_EXPECT(static_cast<Py_ssize_t>(agenda.size()) >= node.arity,
                         "Too few elements for PyTreeDef node");
-    nb::object built = node_fn(node, agenda.data() + agenda.size() - node.arity);
+    nb::object built =
+        node_fn(node, agenda.data() + agenda.size() - node.arity);
     agenda.resize(agenda.size() - node.arity);
     if (PreservesIdentity(node.custom)) {
       if (shared.empty()) shared.resize(traversal.size());
@@ -165,11 +164,11 @@ class LeafReader {
       more = pending_.is_valid();
     }
     if (more) {
-      throw nb::value_error(
-          with_counts_ ? ("Too many leaves for PyTreeDef; expected " +
-                          std::to_string(expected_) + ".")
-                             .c_str()
-                       : "Too many leaves for PyTreeDef");
+      throw nb::value_error(with_counts_
+                                ? ("Too many leaves for PyTreeDef; expected " +
+                                   std::to_string(expected_) + ".")
+                                      .c_str()
+                                : "Too many leaves for PyTreeDef");
     }
   }
 
@@ -181,12 +180,12 @@ class LeafReader {
   }
 
   [[noreturn]] void ThrowTooFew() const {
-    throw nb::value_error(
-        with_counts_ ? ("Too few leaves for PyTreeDef; expected " +
-                        std::to_string(expected_) + ", got " +
-                        std::to_string(read_))
-                           .c_str()
-                     : "Too few leaves for PyTreeDef");
+    throw nb::value_error(with_counts_
+                              ? ("Too few leaves for PyTreeDef; expected " +
+                                 std::to_string(expected_) + ", got " +
+                                 std::to_string(read_))
+                                    .c_str()
+                              : "Too few leaves for PyTreeDef");
   }
 
   nb::object sequence_, iterator_;

@@ -16,4 +16,5 @@ def pytest_configure(config):
   if expected and expected not in jaxlib_patch.pytree.__file__:
     raise RuntimeError(
         f"testing {jaxlib_patch.pytree.__file__}, expected a module from "
-        f"{expected}")
+        f"{expected}"
+    )

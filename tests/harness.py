@@ -34,12 +34,22 @@ def run_child(code, timeout=600):
   the run."""
   proc = subprocess.run(
       [sys.executable, "-P", "-c", textwrap.dedent(code)],
-      capture_output=True, text=True, timeout=timeout, env=child_env())
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+      env=child_env(),
+  )
   if proc.returncode != 0:
-    how = (f"signal {-proc.returncode}" if proc.returncode < 0 else
-           f"exit status {proc.returncode}")
-    pytest.fail(f"child process failed ({how}):\n{proc.stdout[-3000:]}\n"
-                f"{proc.stderr[-6000:]}", pytrace=False)
+    how = (
+        f"signal {-proc.returncode}"
+        if proc.returncode < 0
+        else f"exit status {proc.returncode}"
+    )
+    pytest.fail(
+        f"child process failed ({how}):\n{proc.stdout[-3000:]}\n"
+        f"{proc.stderr[-6000:]}",
+        pytrace=False,
+    )
   return proc.stdout
 
 

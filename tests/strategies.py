@@ -275,14 +275,22 @@ FLAVOURS = {
 # built with it exercises the error path of PyTreeRegistry.__reduce__.
 ALL_FLAVOURS = sorted(FLAVOURS) + ["default"]
 
-CUSTOM_TYPES = (KeyedNode, PlainNode, DataNode, DataOnly, MetaOnly, Junk,
-                JunkNoKeys)
+CUSTOM_TYPES = (
+    KeyedNode,
+    PlainNode,
+    DataNode,
+    DataOnly,
+    MetaOnly,
+    Junk,
+    JunkNoKeys,
+)
 
 
 def register_custom_types(reg):
   """Registers every custom class in ``reg`` (same functions for all)."""
-  reg.register_node(KeyedNode, keyed_flatten, keyed_unflatten,
-                    keyed_flatten_with_keys)
+  reg.register_node(
+      KeyedNode, keyed_flatten, keyed_unflatten, keyed_flatten_with_keys
+  )
   reg.register_node(PlainNode, plain_flatten, plain_unflatten)
   reg.register_dataclass_node(DataNode, ["x", "y"], ["tag"])
   reg.register_dataclass_node(DataOnly, ["a"], [])
@@ -380,8 +388,7 @@ def _containers(children, mixed_keys):
       st.builds(Pair, children, children),
       st.builds(Single, children),
       st.just(Empty()),
-      st.builds(KeyedNode, st.lists(children, max_size=3).map(tuple),
-                aux_data),
+      st.builds(KeyedNode, st.lists(children, max_size=3).map(tuple), aux_data),
       st.builds(PlainNode, st.lists(children, max_size=3), aux_data),
       st.builds(DataNode, children, children, aux_data),
       st.builds(DataOnly, children),
@@ -389,18 +396,21 @@ def _containers(children, mixed_keys):
   ]
   if mixed_keys:
     options.append(
-        st.dictionaries(st.one_of(int_keys, str_keys), children, max_size=3))
+        st.dictionaries(st.one_of(int_keys, str_keys), children, max_size=3)
+    )
   return st.one_of(*options)
 
 
 def trees(max_leaves=12, mixed_keys=False):
   """Nested pytrees of every supported node kind (module independent)."""
   return st.recursive(
-      leaves, lambda ch: _containers(ch, mixed_keys), max_leaves=max_leaves)
+      leaves, lambda ch: _containers(ch, mixed_keys), max_leaves=max_leaves
+  )
 
 
 def builtin_trees(max_leaves=12, int_keys_too=True):
   """Trees made only of None/tuple/list/dict: what proto serialization supports."""
+
   def extend(children):
     opts = [
         st.lists(children, max_size=4).map(tuple),
@@ -422,26 +432,27 @@ _good_children = st.lists(st.integers(0, 5).map(Leaf), max_size=3)
 junk_flat_recipes = st.one_of(
     st.just(("raise", "flat")),
     st.sampled_from([5, None, "ab", (1,), (1, 2, 3), [(), None]]).map(
-        lambda v: ("value", v)),
-    st.tuples(_good_children.map(tuple), _junk_aux).map(
-        lambda v: ("value", v)),
+        lambda v: ("value", v)
+    ),
+    st.tuples(_good_children.map(tuple), _junk_aux).map(lambda v: ("value", v)),
     st.tuples(_good_children, _junk_aux).map(lambda v: ("value", v)),
     st.tuples(st.just(7), _junk_aux).map(lambda v: ("value", v)),
     st.tuples(st.just("xy"), _junk_aux).map(lambda v: ("value", v)),
-    st.tuples(st.just({"k": 1, "j": 2}), _junk_aux).map(
-        lambda v: ("value", v)),
+    st.tuples(st.just({"k": 1, "j": 2}), _junk_aux).map(lambda v: ("value", v)),
     st.tuples(_good_children, _junk_aux).map(lambda v: ("gen", v)),
     st.tuples(st.integers(0, 2), _junk_aux).map(lambda v: ("raising_iter", v)),
 )
 
 _key_objs = st.sampled_from(["k", 0, ("t", 1), None])
 _good_pairs = st.lists(
-    st.tuples(_key_objs, st.integers(0, 5).map(Leaf)), max_size=3)
+    st.tuples(_key_objs, st.integers(0, 5).map(Leaf)), max_size=3
+)
 
 junk_keyed_recipes = st.one_of(
     st.just(("raise", "keyed")),
-    st.sampled_from([5, None, (1,), ([1, 2], None), ([(1, 2, 3)], None),
-                     (7, None)]).map(lambda v: ("value", v)),
+    st.sampled_from(
+        [5, None, (1,), ([1, 2], None), ([(1, 2, 3)], None), (7, None)]
+    ).map(lambda v: ("value", v)),
     st.tuples(_good_pairs, _junk_aux).map(lambda v: ("value", v)),
     st.tuples(_good_pairs.map(tuple), _junk_aux).map(lambda v: ("value", v)),
     st.tuples(st.integers(0, 2), _junk_aux).map(lambda v: ("raising_iter", v)),

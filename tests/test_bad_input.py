@@ -22,8 +22,12 @@ from hypothesis import strategies as st
 
 from jaxlib_patch import pytree as pt
 
-SETTINGS = settings(max_examples=300, deadline=None, derandomize=True,
-                    suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=300,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 # What a rejected input may raise.  Never SystemError (a C-API misuse), never
 # a crash.
@@ -36,8 +40,9 @@ _progress_fd = None
 def progress(message):
   """In an isolated child: records what is being tried (shown on a crash)."""
   if _progress_fd is not None:
-    os.write(_progress_fd, b"P" + message.encode("utf-8", "replace")[:500] +
-             b"\n")
+    os.write(
+        _progress_fd, b"P" + message.encode("utf-8", "replace")[:500] + b"\n"
+    )
 
 
 def isolated(fn):
@@ -64,15 +69,20 @@ def isolated(fn):
     _, status = os.waitpid(pid, 0)
     if os.WIFSIGNALED(status):
       tried = [line[1:].decode() for line in lines if line.startswith(b"P")]
-      pytest.fail(f"{fn.__name__} crashed the interpreter: "
-                  f"{signal.Signals(os.WTERMSIG(status)).name}"
-                  + (f" while trying: {tried[-1]}" if tried else ""),
-                  pytrace=False)
+      pytest.fail(
+          f"{fn.__name__} crashed the interpreter: "
+          f"{signal.Signals(os.WTERMSIG(status)).name}"
+          + (f" while trying: {tried[-1]}" if tried else ""),
+          pytrace=False,
+      )
     results = [line[1:] for line in lines if line.startswith(b"R")]
     assert results, "the isolated child exited without a result"
     if results[-1] != b"ok":
-      pytest.fail("in the isolated child:\n" +
-                  results[-1].replace(b"\x00", b"\n").decode(), pytrace=False)
+      pytest.fail(
+          "in the isolated child:\n"
+          + results[-1].replace(b"\x00", b"\n").decode(),
+          pytrace=False,
+      )
 
   return wrapper
 
@@ -156,19 +166,33 @@ def junk_result(node):
 REG = pt.PyTreeRegistry()
 REG.__module__ = __name__
 REG.__name__ = "REG"
-REG.register_node(Node, lambda n: (n.children, n.aux),
-                  lambda aux, ch: Node(*ch, aux=aux),
-                  lambda n: (tuple((pt.FlattenedIndexKey(i), c)
-                                   for i, c in enumerate(n.children)), n.aux),
-                  preserve_relative_identities=True)
-REG.register_node(Plain, lambda p: (p.children, None),
-                  lambda _, ch: Plain(*ch))
-REG.register_dataclass_node(DNode, ["a"], ["m"],
-                            preserve_relative_identities=True)
-REG.register_node(Other, lambda o: (o.children, None),
-                  lambda _, ch: Other(*ch), preserve_relative_identities=True)
-REG.register_node(Junk, junk_result, lambda aux, ch: Junk(None), junk_result,
-                  preserve_relative_identities=True)
+REG.register_node(
+    Node,
+    lambda n: (n.children, n.aux),
+    lambda aux, ch: Node(*ch, aux=aux),
+    lambda n: (
+        tuple((pt.FlattenedIndexKey(i), c) for i, c in enumerate(n.children)),
+        n.aux,
+    ),
+    preserve_relative_identities=True,
+)
+REG.register_node(Plain, lambda p: (p.children, None), lambda _, ch: Plain(*ch))
+REG.register_dataclass_node(
+    DNode, ["a"], ["m"], preserve_relative_identities=True
+)
+REG.register_node(
+    Other,
+    lambda o: (o.children, None),
+    lambda _, ch: Other(*ch),
+    preserve_relative_identities=True,
+)
+REG.register_node(
+    Junk,
+    junk_result,
+    lambda aux, ch: Junk(None),
+    junk_result,
+    preserve_relative_identities=True,
+)
 
 
 def shared_treedef():
@@ -192,18 +216,27 @@ def test_flag_must_be_a_bool(flag):
     pass
 
   with pytest.raises(TypeError):
-    reg.register_node(T, lambda t: ((), None), lambda _, c: T(),
-                      preserve_relative_identities=flag)
+    reg.register_node(
+        T,
+        lambda t: ((), None),
+        lambda _, c: T(),
+        preserve_relative_identities=flag,
+    )
   with pytest.raises(TypeError):
     reg.register_dataclass_node(T, [], [], preserve_relative_identities=flag)
   # Nothing was registered.
   assert reg.flatten(T())[1].num_leaves == 1
   # A bool is accepted; the flag is keyword-only.
-  reg.register_node(T, lambda t: ((), None), lambda _, c: T(),
-                    preserve_relative_identities=False)
+  reg.register_node(
+      T,
+      lambda t: ((), None),
+      lambda _, c: T(),
+      preserve_relative_identities=False,
+  )
   with pytest.raises(TypeError):
-    pt.PyTreeRegistry().register_node(T, lambda t: ((), None),
-                                      lambda _, c: T(), None, True)
+    pt.PyTreeRegistry().register_node(
+        T, lambda t: ((), None), lambda _, c: T(), None, True
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -240,8 +273,9 @@ def _flatten_ops():
   }
 
 
-@pytest.mark.parametrize("op", ["flatten", "flatten_with_path",
-                                "flatten_up_to"])
+@pytest.mark.parametrize(
+    "op", ["flatten", "flatten_with_path", "flatten_up_to"]
+)
 def test_flatten_function_that_raises(op):
   """The user's exception propagates unchanged."""
   fn = _flatten_ops()[op]
@@ -265,8 +299,9 @@ JUNK_RESULTS = {
 
 
 @isolated
-@pytest.mark.parametrize("op", ["flatten", "flatten_with_path",
-                                "flatten_up_to"])
+@pytest.mark.parametrize(
+    "op", ["flatten", "flatten_with_path", "flatten_up_to"]
+)
 @pytest.mark.parametrize("junk", sorted(JUNK_RESULTS))
 def test_flatten_function_returns_junk(op, junk):
   """A malformed (children, aux) result: ValueError."""
@@ -279,8 +314,9 @@ def test_flatten_function_returns_junk(op, junk):
 
 
 @isolated
-@pytest.mark.parametrize("op", ["flatten", "flatten_with_path",
-                                "flatten_up_to"])
+@pytest.mark.parametrize(
+    "op", ["flatten", "flatten_with_path", "flatten_up_to"]
+)
 def test_flatten_children_iterator_raises_mid_way(op):
   """Children whose iterator raises after two items: that error."""
   fn = _flatten_ops()[op]
@@ -308,8 +344,12 @@ def test_from_iterable_that_raises():
   def unflatten(aux, children):
     raise Boom("from_iterable")
 
-  reg.register_node(Fragile, lambda f: ((Leaf(),), None), unflatten,
-                    preserve_relative_identities=True)
+  reg.register_node(
+      Fragile,
+      lambda f: ((Leaf(),), None),
+      unflatten,
+      preserve_relative_identities=True,
+  )
   f = Fragile()
   leaves, td = reg.flatten([f, f, Fragile()])
   for _ in range(3):  # No state is left behind by a failed call.
@@ -339,6 +379,7 @@ class BadEq:
 def test_aux_eq_raises():
   """Comparing treedefs turns the aux's __eq__ error into stock's ValueError,
   chained to the original; hash works."""
+
   def assert_raises_from_boom(compare):
     with pytest.raises(ValueError, match="checking equality of metadata") as e:
       compare()
@@ -421,43 +462,88 @@ MALFORMED_STATES = {
     "namedtuple without type": lambda: (REG, [L, (3, 1, None, None, 1, 2)]),
     "custom type unknown": lambda: (REG, [L, (6, 1, None, Leaf, 1, 2)]),
     "custom type not a type": lambda: (REG, [L, (6, 1, None, "Node", 1, 2)]),
-    "custom kind for a dataclass": lambda: (REG, [L, (6, 1, (0,), DNode, 1, 2)]),
+    "custom kind for a dataclass": lambda: (
+        REG,
+        [L, (6, 1, (0,), DNode, 1, 2)],
+    ),
     "dataclass kind for a custom": lambda: (REG, [L, (7, 1, (), Node, 1, 2)]),
     "dataclass wrong arity": lambda: (REG, [L, L, (7, 2, (0,), DNode, 2, 3)]),
     "dataclass meta not a tuple": lambda: (REG, [L, (7, 1, [0], DNode, 1, 2)]),
     "dataclass meta too long": lambda: (REG, [L, (7, 1, (0, 1), DNode, 1, 2)]),
     "reference to a leaf": lambda: (
-        REG, [L, ref_entry(1), (2, 2, None, None, 1, 3)]),
+        REG,
+        [L, ref_entry(1), (2, 2, None, None, 1, 3)],
+    ),
     "reference to a reference": lambda: (
-        REG, [L, node_entry(1), ref_entry(1), ref_entry(1),
-              (2, 3, None, None, 1, 5)]),
+        REG,
+        [
+            L,
+            node_entry(1),
+            ref_entry(1),
+            ref_entry(1),
+            (2, 3, None, None, 1, 5),
+        ],
+    ),
     "reference to another opted-in type": lambda: (
-        REG, [L, (6, 1, None, Other, 1, 2), ref_entry(1),
-              (2, 2, None, None, 1, 4)]),
+        REG,
+        [L, (6, 1, None, Other, 1, 2), ref_entry(1), (2, 2, None, None, 1, 4)],
+    ),
     "reference to a non-opted-in type": lambda: (
-        REG, [L, (6, 1, None, Plain, 1, 2), ref_entry(1, Plain),
-              (2, 2, None, None, 1, 4)]),
+        REG,
+        [
+            L,
+            (6, 1, None, Plain, 1, 2),
+            ref_entry(1, Plain),
+            (2, 2, None, None, 1, 4),
+        ],
+    ),
     "reference of kind tuple": lambda: (
-        REG, [L, (2, 1, None, None, 1, 2), (2, 0, None, None, 0, 1, 1),
-              (2, 2, None, None, 1, 4)]),
+        REG,
+        [
+            L,
+            (2, 1, None, None, 1, 2),
+            (2, 0, None, None, 0, 1, 1),
+            (2, 2, None, None, 1, 4),
+        ],
+    ),
     "reference of kind leaf": lambda: (
-        REG, [L, (0, 0, None, None, 1, 1, 1), (2, 2, None, None, 2, 3)]),
+        REG,
+        [L, (0, 0, None, None, 1, 1, 1), (2, 2, None, None, 2, 3)],
+    ),
     "reference with a child": lambda: (
-        REG, [L, node_entry(1), L, (6, 1, None, Node, 1, 2, 2),
-              (2, 2, None, None, 2, 5)]),
+        REG,
+        [
+            L,
+            node_entry(1),
+            L,
+            (6, 1, None, Node, 1, 2, 2),
+            (2, 2, None, None, 2, 5),
+        ],
+    ),
     "negative distance": lambda: (
-        REG, [L, node_entry(1), ref_entry(-1), (2, 2, None, None, 1, 4)]),
+        REG,
+        [L, node_entry(1), ref_entry(-1), (2, 2, None, None, 1, 4)],
+    ),
     "distance huge": lambda: (REG, [ref_entry(2**70)]),
     "distance str": lambda: (REG, [ref_entry("1")]),
     "distance float": lambda: (REG, [ref_entry(1.5)]),
     "reference of kind dict": lambda: (
-        REG, [L, (5, 1, ["k"], None, 1, 2), (5, 0, [], None, 0, 1, 1),
-              (2, 2, None, None, 1, 4)]),
+        REG,
+        [
+            L,
+            (5, 1, ["k"], None, 1, 2),
+            (5, 0, [], None, 0, 1, 1),
+            (2, 2, None, None, 1, 4),
+        ],
+    ),
     "reference of kind dict with a child": lambda: (
-        REG, [L, (5, 1, ["k"], None, 1, 2, -1)]),
+        REG,
+        [L, (5, 1, ["k"], None, 1, 2, -1)],
+    ),
     "dataclass reference to a custom": lambda: (
-        REG, [L, node_entry(1), ref_entry(1, DNode, 7),
-              (2, 2, None, None, 1, 4)]),
+        REG,
+        [L, node_entry(1), ref_entry(1, DNode, 7), (2, 2, None, None, 1, 4)],
+    ),
 }
 
 
@@ -484,8 +570,15 @@ def exercise(td):
       outcomes.append(fn(*args))
     except SystemError:
       raise
-    except (ValueError, TypeError, RuntimeError, AttributeError, KeyError,
-            IndexError, pickle.PicklingError):
+    except (
+        ValueError,
+        TypeError,
+        RuntimeError,
+        AttributeError,
+        KeyError,
+        IndexError,
+        pickle.PicklingError,
+    ):
       outcomes.append(None)
 
   attempt(repr, td)
@@ -494,12 +587,19 @@ def exercise(td):
   attempt(lambda: td.num_leaves + td.num_nodes)
   attempt(lambda: [(c.node_data(), repr(c)) for c in td.children()])
   attempt(td.node_data)
-  attempt(lambda: pt.PyTreeDef.from_node_data_and_children(
-      REG, td.node_data(), td.children()) == td)
+  attempt(
+      lambda: pt.PyTreeDef.from_node_data_and_children(
+          REG, td.node_data(), td.children()
+      )
+      == td
+  )
   attempt(lambda: td.unflatten([Leaf()] * td.num_leaves))
   attempt(lambda: td.flatten_up_to(td.unflatten([Leaf()] * td.num_leaves)))
-  attempt(lambda: td.walk(lambda c, d: (c, d), lambda x: x,
-                          [Leaf()] * td.num_leaves))
+  attempt(
+      lambda: td.walk(
+          lambda c, d: (c, d), lambda x: x, [Leaf()] * td.num_leaves
+      )
+  )
   attempt(lambda: td.compose(REG.flatten((1, 2))[1]))
   attempt(lambda: REG.flatten((1,))[1].compose(td))
   attempt(lambda: pickle.loads(pickle.dumps(td)) == td)
@@ -514,17 +614,35 @@ N_OPERATIONS = 14
 def _mutations(state):
   """Every single-field change of every entry, and a few reshufflings."""
   registry, entries = state
-  values = [-1, 0, 1, 2, 3, 7, 2**40, None, "x", (), ["a"], Node, DNode,
-            Other, Plain, Leaf]
+  values = [
+      -1,
+      0,
+      1,
+      2,
+      3,
+      7,
+      2**40,
+      None,
+      "x",
+      (),
+      ["a"],
+      Node,
+      DNode,
+      Other,
+      Plain,
+      Leaf,
+  ]
   for i, entry in enumerate(entries):
     for field in range(len(entry) + 1):
       for value in values:
         new = list(entry) + ([] if field < len(entry) else [None])
         new[field] = value
         yield f"entry {i} field {field} = {value!r}", (
-            registry, entries[:i] + [tuple(new)] + entries[i + 1:])
-    yield f"drop {i}", (registry, entries[:i] + entries[i + 1:])
-    yield f"duplicate {i}", (registry, entries[:i + 1] + entries[i:])
+            registry,
+            entries[:i] + [tuple(new)] + entries[i + 1 :],
+        )
+    yield f"drop {i}", (registry, entries[:i] + entries[i + 1 :])
+    yield f"duplicate {i}", (registry, entries[: i + 1] + entries[i:])
     if i + 1 < len(entries):
       swapped = list(entries)
       swapped[i], swapped[i + 1] = swapped[i + 1], swapped[i]
@@ -564,9 +682,14 @@ def random_entries(draw):
   """A random traversal: entries of 6 or 7 items from small value sets."""
   entries = []
   for _ in range(draw(st.integers(1, 7))):
-    entry = (draw(st.integers(0, 7)), draw(st.integers(-1, 3)),
-             draw(st.sampled_from(ENTRY_DATA)),
-             draw(st.sampled_from(ENTRY_TYPES)), 0, 0)
+    entry = (
+        draw(st.integers(0, 7)),
+        draw(st.integers(-1, 3)),
+        draw(st.sampled_from(ENTRY_DATA)),
+        draw(st.sampled_from(ENTRY_TYPES)),
+        0,
+        0,
+    )
     if draw(st.booleans()):
       entry += (draw(st.integers(-1, 8)),)
     entries.append(entry)
@@ -588,9 +711,19 @@ def test_random_pickled_states_never_crash(entries):
   assert len(exercise(td)) == N_OPERATIONS
 
 
-NODE_DATA = [None, (tuple, None), (list, None), (dict, ["a"]), (dict, []),
-             (type(None), None), (Node, "aux"), (Other, None), (DNode, (1,)),
-             (DNode, ()), (Plain, None)]
+NODE_DATA = [
+    None,
+    (tuple, None),
+    (list, None),
+    (dict, ["a"]),
+    (dict, []),
+    (type(None), None),
+    (Node, "aux"),
+    (Other, None),
+    (DNode, (1,)),
+    (DNode, ()),
+    (Plain, None),
+]
 
 
 @isolated
@@ -601,10 +734,15 @@ def test_random_from_node_data_and_children_never_crash(data):
   them) and earlier results: rejected cleanly, or usable."""
   built = [REG.flatten(Leaf())[1], REG.flatten(Node(Leaf()))[1]]
   for _ in range(data.draw(st.integers(1, 6))):
-    node_data = data.draw(st.one_of(
-        st.sampled_from(NODE_DATA),
-        st.tuples(st.sampled_from([Node, DNode, Other, Plain, tuple]),
-                  st.integers(-1, 6).map(pt.SharedReference))))
+    node_data = data.draw(
+        st.one_of(
+            st.sampled_from(NODE_DATA),
+            st.tuples(
+                st.sampled_from([Node, DNode, Other, Plain, tuple]),
+                st.integers(-1, 6).map(pt.SharedReference),
+            ),
+        )
+    )
     children = data.draw(st.lists(st.sampled_from(built), max_size=3))
     progress(f"{node_data!r} {children!r}")
     try:
@@ -634,17 +772,29 @@ def test_pickled_external_reference_is_usable_but_not_unflattenable():
 
 # Not parsable as a PyTreeDefProto (truncated, bad wire types, unknown node
 # types, out-of-range string ids).
-JUNK_PROTOS = [b"\x00", b"\xff", b"\xff\xff\xff\xff", b"\x0a", b"\x0a\x05",
-               b"\x0a\x02\x10\x09", b"\x0a\x02\x08\x01\x10\x04", b"\x0b",
-               b"\x0a\x80\x80\x80\x80\x10",
-               b"\x0a\x07\x08\x01\x10\x05\x1a\x01\x05"]
+JUNK_PROTOS = [
+    b"\x00",
+    b"\xff",
+    b"\xff\xff\xff\xff",
+    b"\x0a",
+    b"\x0a\x05",
+    b"\x0a\x02\x10\x09",
+    b"\x0a\x02\x08\x01\x10\x04",
+    b"\x0b",
+    b"\x0a\x80\x80\x80\x80\x10",
+    b"\x0a\x07\x08\x01\x10\x05\x1a\x01\x05",
+]
 
 # Parsable protos that do not describe one tree (no node, two roots, a dict
 # with fewer keys than children, a node with missing children).  Stock raises
 # RuntimeError for these (and crashes on the third); ValueError is as good.
-MALFORMED_TREE_PROTOS = [b"", b"\x12\x01a", b"\x0a\x02\x10\x01\x0a\x02\x10\x01",
-                         b"\x0a\x06\x08\x01\x10\x05\x1a\x00",
-                         b"\x0a\x04\x08\x02\x10\x04"]
+MALFORMED_TREE_PROTOS = [
+    b"",
+    b"\x12\x01a",
+    b"\x0a\x02\x10\x01\x0a\x02\x10\x01",
+    b"\x0a\x06\x08\x01\x10\x05\x1a\x00",
+    b"\x0a\x04\x08\x02\x10\x04",
+]
 
 
 @isolated
@@ -663,8 +813,10 @@ def test_deserialize_malformed_tree_proto(data):
     pt.PyTreeDef.deserialize_using_proto(REG, data)
   # A real one still works.
   td = REG.flatten([{"a": None}, (1,)])[1]
-  assert pt.PyTreeDef.deserialize_using_proto(
-      REG, td.serialize_using_proto()) == td
+  assert (
+      pt.PyTreeDef.deserialize_using_proto(REG, td.serialize_using_proto())
+      == td
+  )
 
 
 @isolated
@@ -702,7 +854,8 @@ def test_shared_reference_for_non_opted_in_type(node_type):
   """SharedReference node data for a type without the flag: ValueError."""
   with pytest.raises(ValueError):
     pt.PyTreeDef.from_node_data_and_children(
-        REG, (node_type, pt.SharedReference(1)), [])
+        REG, (node_type, pt.SharedReference(1)), []
+    )
 
 
 @isolated
@@ -712,11 +865,14 @@ def test_shared_reference_with_a_bad_distance(node_type, distance):
   """SharedReference(d) with d <= 0 is not a reference: ValueError."""
   leaf = REG.flatten(Leaf())[1]
   for children in ([], [leaf]):
-    progress(f"from_node_data_and_children(REG, ({node_type.__name__}, "
-             f"SharedReference({distance})), {children!r})")
+    progress(
+        f"from_node_data_and_children(REG, ({node_type.__name__}, "
+        f"SharedReference({distance})), {children!r})"
+    )
     with pytest.raises(ValueError):
       td = pt.PyTreeDef.from_node_data_and_children(
-          REG, (node_type, pt.SharedReference(distance)), children)
+          REG, (node_type, pt.SharedReference(distance)), children
+      )
       exercise(td)  # Not reached if the module rejects it as it should.
 
 
@@ -725,7 +881,8 @@ def test_shared_reference_must_land_on_its_type():
   """A rebuilt reference aimed at a leaf, another type, or with children."""
   leaf = REG.flatten(Leaf())[1]
   ref = pt.PyTreeDef.from_node_data_and_children(
-      REG, (Node, pt.SharedReference(1)), [])
+      REG, (Node, pt.SharedReference(1)), []
+  )
   # Aimed at a leaf.
   with pytest.raises(ValueError):
     pt.treedef_tuple(REG, [leaf, ref])
@@ -743,7 +900,8 @@ def test_shared_reference_must_land_on_its_type():
   # A reference with children.
   with pytest.raises(ValueError):
     pt.PyTreeDef.from_node_data_and_children(
-        REG, (Node, pt.SharedReference(1)), [leaf])
+        REG, (Node, pt.SharedReference(1)), [leaf]
+    )
 
 
 @isolated
@@ -786,8 +944,9 @@ def test_external_reference_operations():
     children[1].flatten_up_to({"k": Node(Leaf(), Other(Leaf()))})
   # Rebuilt whole, they work again.
   assert pt.treedef_tuple(REG, children) != td  # Its root is a tuple.
-  rebuilt = pt.PyTreeDef.from_node_data_and_children(REG, td.node_data(),
-                                                     children)
+  rebuilt = pt.PyTreeDef.from_node_data_and_children(
+      REG, td.node_data(), children
+  )
   assert rebuilt == td
   out = rebuilt.unflatten([Leaf() for _ in range(rebuilt.num_leaves)])
   assert out[0] is out[1]["k"] and out[2].a is out[3]

@@ -33,9 +33,22 @@ FUZZER = os.path.join(ROOT, "fuzz", "pytree_fuzz.py")
 def run_campaign(tmp_path, *args):
   report = tmp_path / "report.json"
   proc = subprocess.run(
-      [sys.executable, FUZZER, "--seed", "0", "--programs", "500",
-       "--json", str(report), *args],
-      capture_output=True, text=True, timeout=900, env=child_env())
+      [
+          sys.executable,
+          FUZZER,
+          "--seed",
+          "0",
+          "--programs",
+          "500",
+          "--json",
+          str(report),
+          *args,
+      ],
+      capture_output=True,
+      text=True,
+      timeout=900,
+      env=child_env(),
+  )
   print(proc.stdout[-5000:])
   assert report.exists(), f"the fuzzer did not finish:\n{proc.stderr[-5000:]}"
   data = json.loads(report.read_text())
@@ -47,12 +60,16 @@ def run_campaign(tmp_path, *args):
 def describe(summary, data):
   lines = [f"{summary['findings']} findings, {summary['crashes']} crashes"]
   for f in data["findings"][:5]:
-    lines.append(f"finding in {f['op']} (seed {f['seed']}, program "
-                 f"{f['program']}): {f['exception']}\n{f['traceback']}")
+    lines.append(
+        f"finding in {f['op']} (seed {f['seed']}, program "
+        f"{f['program']}): {f['exception']}\n{f['traceback']}"
+    )
   for c in data["crashes"][:5]:
-    lines.append(f"crash in program {c['program']} at {c['site']}; replay "
-                 f"with: python fuzz/pytree_fuzz.py --seed {c['seed']} "
-                 f"--program {c['program']} --verbose")
+    lines.append(
+        f"crash in program {c['program']} at {c['site']}; replay "
+        f"with: python fuzz/pytree_fuzz.py --seed {c['seed']} "
+        f"--program {c['program']} --verbose"
+    )
   return "\n".join(lines)
 
 
@@ -63,7 +80,8 @@ def test_short_campaign_past_the_known_findings(tmp_path):
   assert summary["executions"] > 10_000, summary
   assert summary["programs"] == 500, summary
   assert summary["findings"] == 0 and summary["crashes"] == 0, describe(
-      summary, data)
+      summary, data
+  )
   # The campaign does reach the module's error paths.
   for outcome in ("ok", "ValueError", "TypeError", "Boom", "RecursionError"):
     assert summary["outcomes"].get(outcome, 0) > 0, summary["outcomes"]
@@ -73,7 +91,8 @@ def test_short_campaign(tmp_path):
   """500 programs with every generator."""
   summary, data = run_campaign(tmp_path)
   assert summary["findings"] == 0 and summary["crashes"] == 0, describe(
-      summary, data)
+      summary, data
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -130,8 +149,9 @@ else:
 
 
 @pytest.mark.parametrize("source", ["__getstate__", "walk"])
-@pytest.mark.parametrize("use", ["repr", "unflatten", "flatten_up_to",
-                                 "node_data"])
+@pytest.mark.parametrize(
+    "use", ["repr", "unflatten", "flatten_up_to", "node_data"]
+)
 def test_f2_handed_out_dict_keys_are_copies(source, use):
   """__getstate__() and walk's f_node hand out copies of a treedef's dict
   keys, as stock does: clearing what they gave leaves repr, unflatten,
@@ -189,8 +209,9 @@ print("ok")
 
 
 @pytest.mark.parametrize("fields", [("only",), ("a", "b", "c"), None, "ab"])
-@pytest.mark.parametrize("op", ["flatten_with_path",
-                                "flatten_one_level_with_keys"])
+@pytest.mark.parametrize(
+    "op", ["flatten_with_path", "flatten_one_level_with_keys"]
+)
 def test_f3_namedtuple_fields_that_do_not_match(fields, op):
   """With keys, a tuple subclass whose `_fields` is not a tuple of one name
   per item (a wrong length, or a str of the right length such as "ab")

@@ -25,8 +25,12 @@ class Node:
 
 
 REG = pt.PyTreeRegistry()
-REG.register_node(Node, lambda n: ((n.x,), None), lambda _, xs: Node(*xs),
-                  preserve_relative_identities=True)
+REG.register_node(
+    Node,
+    lambda n: ((n.x,), None),
+    lambda _, xs: Node(*xs),
+    preserve_relative_identities=True,
+)
 
 
 def target(a, n=0, b=None, *, mode="add"):
@@ -35,6 +39,7 @@ def target(a, n=0, b=None, *, mode="add"):
 
 
 class Recorder:
+
   def __init__(self):
     self.calls = []
 
@@ -45,8 +50,12 @@ class Recorder:
 
 def make(static_argnums=(), static_argnames=(), fun=target):
   dispatch = Recorder()
-  return pt.make_jit_function(fun, dispatch, REG, list(static_argnums),
-                              list(static_argnames)), dispatch
+  return (
+      pt.make_jit_function(
+          fun, dispatch, REG, list(static_argnums), list(static_argnames)
+      ),
+      dispatch,
+  )
 
 
 def test_dynamic_arguments_are_flattened_once():
@@ -95,26 +104,43 @@ def test_many_arguments():
   assert statics == list(range(0, 40, 2))
   # Keyword arguments in sorted order, as dicts flatten.
   assert dispatch_args.leaves == list(range(1, 40, 2)) + [
-      int(k[1:]) for k in sorted(f"k{i}" for i in range(20))]
+      int(k[1:]) for k in sorted(f"k{i}" for i in range(20))
+  ]
 
-@pytest.mark.parametrize("argnums, argnames", [
-    ((), ()), ((1,), ()), ((-1,), ()), ((-2, 0), ()), ((-9, 7), ()),
-    ((1,), ("n",)), ((), ("n", "mode")), ((0, -1, 2), ("b",))])
+
+@pytest.mark.parametrize(
+    "argnums, argnames",
+    [
+        ((), ()),
+        ((1,), ()),
+        ((-1,), ()),
+        ((-2, 0), ()),
+        ((-9, 7), ()),
+        ((1,), ("n",)),
+        ((), ("n", "mode")),
+        ((0, -1, 2), ("b",)),
+    ],
+)
 def test_split_static_args_splits_as_calls_do(argnums, argnames):
   # `lower` and `trace` split with split_static_args: the same dynamic and
   # static arguments, in the same order, as a call hands to the dispatch.
   jitted, dispatch = make(static_argnums=argnums, static_argnames=argnames)
   node = Node(1)
-  for args, kwargs in [((node, 2, node), {"mode": "mul", "n": 3}),
-                       ((node,), {"n": node, "b": 4}), ((), {})]:
+  for args, kwargs in [
+      ((node, 2, node), {"mode": "mul", "n": 3}),
+      ((node,), {"n": node, "b": 4}),
+      ((), {}),
+  ]:
     jitted(*args, **kwargs)
     (dispatch_args, *statics), static_kwargs = dispatch.calls[-1]
     dynamic_args, dynamic_kwargs, static_args, split_static_kwargs = (
-        pt.split_static_args(args, kwargs, list(argnums), list(argnames)))
+        pt.split_static_args(args, kwargs, list(argnums), list(argnames))
+    )
     assert static_args == tuple(statics)
     assert list(split_static_kwargs.items()) == list(static_kwargs.items())
-    assert dispatch_args.treedef == REG.flatten(
-        (dynamic_args, dynamic_kwargs))[1]
+    assert (
+        dispatch_args.treedef == REG.flatten((dynamic_args, dynamic_kwargs))[1]
+    )
 
 
 def test_split_static_args_bad_input():
@@ -124,7 +150,6 @@ def test_split_static_args_bad_input():
     pt.split_static_args([1], {}, [0], [])
   with pytest.raises(TypeError):
     pt.split_static_args((1,), {}, ["0"], [])
-
 
 
 def test_errors_propagate():
@@ -181,6 +206,7 @@ def test_weak_references_and_cycles():
   assert ref() is None
 
   class Model:
+
     def apply(self, x):
       return x
 

@@ -63,8 +63,10 @@ def knode_flatten(node):
 
 
 def knode_flatten_with_keys(node):
-  return tuple((pt.FlattenedIndexKey(i), c)
-               for i, c in enumerate(node.children)), node.aux
+  return (
+      tuple((pt.FlattenedIndexKey(i), c) for i, c in enumerate(node.children)),
+      node.aux,
+  )
 
 
 def knode_unflatten(aux, children):
@@ -121,15 +123,26 @@ def fragile_unflatten(aux, children):
 REG = pt.PyTreeRegistry()
 REG.__module__ = __name__
 REG.__name__ = "REG"
-REG.register_node(KNode, knode_flatten, knode_unflatten,
-                  knode_flatten_with_keys, preserve_relative_identities=True)
-REG.register_dataclass_node(DNode, ["a"], ["m"],
-                            preserve_relative_identities=True)
+REG.register_node(
+    KNode,
+    knode_flatten,
+    knode_unflatten,
+    knode_flatten_with_keys,
+    preserve_relative_identities=True,
+)
+REG.register_dataclass_node(
+    DNode, ["a"], ["m"], preserve_relative_identities=True
+)
 REG.register_node(Plain, plain_flatten, plain_unflatten)
-REG.register_node(Bomb, bomb_flatten, knode_unflatten,
-                  preserve_relative_identities=True)
-REG.register_node(Fragile, fragile_flatten, fragile_unflatten,
-                  preserve_relative_identities=True)
+REG.register_node(
+    Bomb, bomb_flatten, knode_unflatten, preserve_relative_identities=True
+)
+REG.register_node(
+    Fragile,
+    fragile_flatten,
+    fragile_unflatten,
+    preserve_relative_identities=True,
+)
 
 
 def make_tree(leaf, aux):
@@ -153,8 +166,14 @@ def check_shared_output(out):
 # Measurement.
 # ---------------------------------------------------------------------------
 
-WATCHED_FUNCTIONS = [knode_flatten, knode_unflatten, knode_flatten_with_keys,
-                     plain_flatten, bomb_flatten, fragile_unflatten]
+WATCHED_FUNCTIONS = [
+    knode_flatten,
+    knode_unflatten,
+    knode_flatten_with_keys,
+    plain_flatten,
+    bomb_flatten,
+    fragile_unflatten,
+]
 
 
 def refcounts(*objects):
@@ -163,8 +182,17 @@ def refcounts(*objects):
 
 def measure(leaf, aux):
   gc.collect()
-  watched = (leaf, aux, KNode, DNode, Plain, Bomb, Fragile, REG,
-             *WATCHED_FUNCTIONS)
+  watched = (
+      leaf,
+      aux,
+      KNode,
+      DNode,
+      Plain,
+      Bomb,
+      Fragile,
+      REG,
+      *WATCHED_FUNCTIONS,
+  )
   counts = refcounts(*watched)
   del watched
   return counts, len(gc.get_objects())
@@ -177,8 +205,9 @@ def assert_flat(work, leaf, aux, iterations, warmup=300, slack=30):
   work(leaf, aux, iterations)
   after, objects_after = measure(leaf, aux)
   assert after == before, "reference counts moved (leak or over-release)"
-  assert abs(objects_after - objects_before) <= slack, (
-      f"{objects_after - objects_before} objects more tracked by the gc")
+  assert (
+      abs(objects_after - objects_before) <= slack
+  ), f"{objects_after - objects_before} objects more tracked by the gc"
 
 
 # ---------------------------------------------------------------------------
@@ -213,8 +242,9 @@ def treedef_operations(leaf, aux, n):
   inner = REG.flatten(KNode(aux, [leaf]))[1]
   for _ in range(n):
     children = td.children()
-    rebuilt = pt.PyTreeDef.from_node_data_and_children(REG, td.node_data(),
-                                                       children)
+    rebuilt = pt.PyTreeDef.from_node_data_and_children(
+        REG, td.node_data(), children
+    )
     composed = td.compose(inner)
     walked = td.walk(lambda c, d: c, lambda v: v, leaves)
     assert rebuilt == td and pt.treedef_tuple(REG, children) == td
@@ -240,8 +270,14 @@ def error_paths(leaf, aux, n):
   cyclic.children = (leaf, [cyclic])
   fragile = Fragile()
   fragile_td = REG.flatten([fragile, fragile, m])[1]
-  bad_state = (REG, [(0, 0, None, None, 1, 1), (6, 0, None, KNode, 0, 1, 1),
-                     (2, 2, None, None, 1, 3)])
+  bad_state = (
+      REG,
+      [
+          (0, 0, None, None, 1, 1),
+          (6, 0, None, KNode, 0, 1, 1),
+          (2, 2, None, None, 1, 3),
+      ],
+  )
   for _ in range(n):
     with pytest.raises(BombError):
       REG.flatten([m, m, leaf, Bomb()])
@@ -281,6 +317,7 @@ def make_cycle():
     """Aux data that refers back to the treedef holding it."""
 
   class Node:
+
     def __init__(self, x):
       self.x = x
 
@@ -289,8 +326,9 @@ def make_cycle():
   def flatten(node):  # A closure over aux: the registry holds aux.
     return (node.x,), aux
 
-  registry.register_node(Node, flatten, lambda a, ch: Node(*ch),
-                         preserve_relative_identities=True)
+  registry.register_node(
+      Node, flatten, lambda a, ch: Node(*ch), preserve_relative_identities=True
+  )
   node = Node(Leaf())
   _, td = registry.flatten([node, node])
   aux.treedef = td  # aux -> treedef -> aux (node data) and -> registry.
@@ -355,8 +393,12 @@ def test_threads():
       if k == 0 and i % 10 == 0:
         # Meanwhile, a new opted-in type in the same registry.
         cls = type(f"New{i}", (), {})
-        REG.register_node(cls, lambda o: ((), None), lambda a, c: cls(),
-                          preserve_relative_identities=True)
+        REG.register_node(
+            cls,
+            lambda o: ((), None),
+            lambda a, c: cls(),
+            preserve_relative_identities=True,
+        )
         obj = cls()
         assert REG.flatten([obj, obj])[1].num_nodes == 3
 

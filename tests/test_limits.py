@@ -140,8 +140,12 @@ def attempt():
 print(json.dumps(in_thread(attempt, 256 * 1024)))
 """)
   results = json.loads(out.splitlines()[-1])
-  assert results == {"leaf": "ok", "list": "ok", "dag": "ok",
-                     "depth 50": "ok"}, results
+  assert results == {
+      "leaf": "ok",
+      "list": "ok",
+      "dag": "ok",
+      "depth 50": "ok",
+  }, results
 
 
 DEEP_TREEDEF = """
@@ -273,8 +277,9 @@ print(json.dumps({{"n": n, "growth_kib": peak - before}}))
 """
 
 
-@pytest.mark.skipif(not os.path.exists("/proc/self/status"),
-                    reason="needs Linux's /proc")
+@pytest.mark.skipif(
+    not os.path.exists("/proc/self/status"), reason="needs Linux's /proc"
+)
 @pytest.mark.parametrize("kind", ["plain", "shared"])
 def test_memory_is_proportional_to_size(kind):
   growth = {}
@@ -285,8 +290,10 @@ def test_memory_is_proportional_to_size(kind):
   # output tree, leaves again): about 10x for 10x the leaves.
   assert growth[100_000] > 0, growth
   ratio = growth[1_000_000] / growth[100_000]
-  print(f"{kind}: {growth} KiB, ratio {ratio:.1f}, "
-        f"{growth[1_000_000] * 1024 / 1_000_000:.0f} bytes per leaf")
+  print(
+      f"{kind}: {growth} KiB, ratio {ratio:.1f}, "
+      f"{growth[1_000_000] * 1024 / 1_000_000:.0f} bytes per leaf"
+  )
   assert ratio <= 15, growth
 
 
@@ -314,6 +321,7 @@ class Aux:
 
 
 class Shared:
+
   def __init__(self, aux, *children):
     self.aux = aux
     self.children = children
@@ -322,9 +330,12 @@ class Shared:
 REG = pt.PyTreeRegistry()
 REG.__module__ = __name__
 REG.__name__ = "REG"
-REG.register_node(Shared, lambda s: (s.children, s.aux),
-                  lambda aux, ch: Shared(aux, *ch),
-                  preserve_relative_identities=True)
+REG.register_node(
+    Shared,
+    lambda s: (s.children, s.aux),
+    lambda aux, ch: Shared(aux, *ch),
+    preserve_relative_identities=True,
+)
 
 
 def shared_treedefs(n):

@@ -19,7 +19,15 @@ from hypothesis import strategies as st
 
 from jaxlib_patch import pytree as pt
 from test_sharing_invariants import (
-    REGISTRY, SETTINGS, DNode, KNode, Leaf, PNode, dags, register_all)
+    REGISTRY,
+    SETTINGS,
+    DNode,
+    KNode,
+    Leaf,
+    PNode,
+    dags,
+    register_all,
+)
 
 # The same classes without the flag: flattening with it expands a DAG.
 EXPANDING = register_all(pt.PyTreeRegistry(), opt_in=False)
@@ -57,7 +65,8 @@ def draw_prefix(draw, tree):
     leaves += child_leaves
     values += child_values
   prefix = pt.PyTreeDef.from_node_data_and_children(
-      EXPANDING, tree.node_data(), children)
+      EXPANDING, tree.node_data(), children
+  )
   return prefix, leaves, values
 
 
@@ -99,8 +108,9 @@ def test_prefix_with_the_same_sharing_gives_its_leaves(x, data):
   """A prefix made by mapping over the full tree (jax.tree.map) shares where
   the full tree does, and gives each unique leaf its own value."""
   _, full = REGISTRY.flatten(x)
-  values = data.draw(st.lists(VALUES, min_size=full.num_leaves,
-                              max_size=full.num_leaves))
+  values = data.draw(
+      st.lists(VALUES, min_size=full.num_leaves, max_size=full.num_leaves)
+  )
   prefix_leaves, prefix = NONE_LEAF.flatten(full.unflatten(values))
   assert full.broadcast_flattened_prefix(prefix, prefix_leaves) == values
 
@@ -111,8 +121,10 @@ def test_conflict_below_a_prefix_leaf_names_both_places():
   prefix_leaves, prefix = NONE_LEAF.flatten((0, None))
   with pytest.raises(pt.SharedPrefixError) as info:
     full.broadcast_flattened_prefix(prefix, prefix_leaves)
-  assert info.value.paths == ((pt.SequenceKey(0), pt.SequenceKey(0)),
-                              (pt.SequenceKey(1), pt.SequenceKey(0)))
+  assert info.value.paths == (
+      (pt.SequenceKey(0), pt.SequenceKey(0)),
+      (pt.SequenceKey(1), pt.SequenceKey(0)),
+  )
   assert info.value.values == (0, None)
   assert "tree[0][0]" in str(info.value) and "tree[1][0]" in str(info.value)
   assert isinstance(info.value, ValueError)

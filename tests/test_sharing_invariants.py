@@ -81,7 +81,9 @@ def knode_flatten(node):
 
 
 def knode_flatten_with_keys(node):
-  pairs = tuple((pt.GetAttrKey(f"c{i}"), c) for i, c in enumerate(node.children))
+  pairs = tuple(
+      (pt.GetAttrKey(f"c{i}"), c) for i, c in enumerate(node.children)
+  )
   return pairs, (node.tag, len(node.children))
 
 
@@ -143,8 +145,9 @@ OPTED = (KNode, PNode, DNode)
 def register_all(registry, opt_in):
   """Registers the custom classes; the flag only where the module has it."""
   flag = {"preserve_relative_identities": True} if opt_in else {}
-  registry.register_node(KNode, knode_flatten, knode_unflatten,
-                         knode_flatten_with_keys, **flag)
+  registry.register_node(
+      KNode, knode_flatten, knode_unflatten, knode_flatten_with_keys, **flag
+  )
   registry.register_node(PNode, pnode_flatten, pnode_unflatten, **flag)
   registry.register_dataclass_node(DNode, ["a", "b"], ["m"], **flag)
   registry.register_node(Box, box_flatten, box_unflatten)
@@ -255,8 +258,11 @@ def identity_signature(x):
   graph made of the classes of this module.
   """
   labels = Model(x).labels
-  pairs = frozenset((i, j) for i, j in itertools.combinations(range(len(labels)), 2)
-                    if labels[i] == labels[j])
+  pairs = frozenset(
+      (i, j)
+      for i, j in itertools.combinations(range(len(labels)), 2)
+      if labels[i] == labels[j]
+  )
   return len(labels), pairs
 
 
@@ -331,11 +337,11 @@ def _node_text_end(text, start):
 def expand_labels(text):
   """Undoes SRFI-38 labels: ``#n=X ... #n#`` becomes ``X ... X``."""
   defs = {}
-  while (m := list(_LABEL_DEF.finditer(text))):
+  while m := list(_LABEL_DEF.finditer(text)):
     m = m[-1]  # The last definition has no definition nested inside it.
     end = _node_text_end(text, m.end())
-    defs[m.group(1)] = text[m.end():end]
-    text = text[:m.start()] + text[m.end():]
+    defs[m.group(1)] = text[m.end() : end]
+    text = text[: m.start()] + text[m.end() :]
   while _LABEL_REF.search(text):
     text = _LABEL_REF.sub(lambda m: defs[m.group(1)], text)
   return text
@@ -415,6 +421,7 @@ def dags(draw, max_pool=6, max_children=3, depth=2):
       b = opted(0, [d_node, leaf()])
       c = opted(0, [leaf(), d_node])
       pool.append(opted(0, [b, c]))
+
   def argument():  # Often a pool member itself: f(m, m), f(m, x=m).
     if draw(st.booleans()):
       return subtree(depth)
@@ -438,8 +445,9 @@ def leaf_lists(n):
   return st.one_of(
       st.just(None).map(lambda _: [Leaf() for _ in range(n)]),
       st.just([shared] * n),
-      st.lists(st.sampled_from([shared, Leaf(), 7, "x"]), min_size=n,
-               max_size=n),
+      st.lists(
+          st.sampled_from([shared, Leaf(), 7, "x"]), min_size=n, max_size=n
+      ),
   )
 
 
@@ -493,8 +501,11 @@ def test_flatten_matches_model(x):
   # An unshared copy has every leaf of every occurrence.
   unshared = Model(copy_tree(x, keep_sharing=False))
   assert unshared.refs == 0
-  assert flatten(copy_tree(x, keep_sharing=False))[1].num_leaves == len(
-      unshared.leaves) >= td.num_leaves
+  assert (
+      flatten(copy_tree(x, keep_sharing=False))[1].num_leaves
+      == len(unshared.leaves)
+      >= td.num_leaves
+  )
 
 
 # ---------------------------------------------------------------------------
@@ -510,8 +521,9 @@ def check_partition(td):
     assert children == [] and td.num_leaves == 1
   else:
     assert sum(c.num_leaves for c in children) == td.num_leaves
-  rebuilt = pt.PyTreeDef.from_node_data_and_children(REGISTRY, node_data,
-                                                     children)
+  rebuilt = pt.PyTreeDef.from_node_data_and_children(
+      REGISTRY, node_data, children
+  )
   assert rebuilt == td
   assert hash(rebuilt) == hash(td)
   assert repr(rebuilt) == repr(td)
@@ -545,7 +557,9 @@ def test_flatten_up_to_same_sharing(x):
   """flatten_up_to accepts x, any unflatten of td, and prefix leaves."""
   leaves, td = flatten(x)
   up_to = td.flatten_up_to(x)
-  assert len(up_to) == len(leaves) and all(a is b for a, b in zip(up_to, leaves))
+  assert len(up_to) == len(leaves) and all(
+      a is b for a, b in zip(up_to, leaves)
+  )
   others = [Leaf() for _ in leaves]
   up_to = td.flatten_up_to(td.unflatten(others))
   assert all(a is b for a, b in zip(up_to, others))
@@ -575,8 +589,10 @@ def test_flatten_up_to_rejects_broken_sharing(x, data):
   # The broken tree is the same tree with a different sharing.
   broken_td = flatten(broken)[1]
   assert broken_td != td
-  assert (flatten(copy_tree(broken, keep_sharing=False))[1] ==
-          flatten(copy_tree(x, keep_sharing=False))[1])
+  assert (
+      flatten(copy_tree(broken, keep_sharing=False))[1]
+      == flatten(copy_tree(x, keep_sharing=False))[1]
+  )
 
 
 @SETTINGS
@@ -606,8 +622,11 @@ def test_flatten_up_to_rejects_extra_sharing(x):
 def test_eq_and_hash(x):
   """Equal treedefs hash alike; the same nodes with other sharing differ."""
   td = flatten(x)[1]
-  same = [flatten(x)[1], flatten(copy_tree(x))[1],
-          flatten(td.unflatten([Leaf() for _ in range(td.num_leaves)]))[1]]
+  same = [
+      flatten(x)[1],
+      flatten(copy_tree(x))[1],
+      flatten(td.unflatten([Leaf() for _ in range(td.num_leaves)]))[1],
+  ]
   for other in same:
     assert other == td and not (other != td)
     assert hash(other) == hash(td)
@@ -733,8 +752,10 @@ def test_compose(x, inner_tree):
   _, inner = flatten(inner_tree)
   composed = td.compose(inner)
   assert composed.num_leaves == td.num_leaves * inner.num_leaves
-  copies = [inner.unflatten([Leaf() for _ in range(inner.num_leaves)])
-            for _ in range(td.num_leaves)]
+  copies = [
+      inner.unflatten([Leaf() for _ in range(inner.num_leaves)])
+      for _ in range(td.num_leaves)
+  ]
   expected = flatten(td.unflatten(copies))[1]
   assert composed == expected
   assert repr(composed) == repr(expected)
@@ -812,8 +833,11 @@ def test_shared_leaf_path_is_first_occurrence():
   p = PNode("p", [Leaf()])
   path_leaves, _ = REGISTRY.flatten_with_path({"b": p, "a": [p]})
   assert len(path_leaves) == 1
-  assert path_leaves[0][0] == (pt.DictKey("a"), pt.SequenceKey(0),
-                               pt.FlattenedIndexKey(0))
+  assert path_leaves[0][0] == (
+      pt.DictKey("a"),
+      pt.SequenceKey(0),
+      pt.FlattenedIndexKey(0),
+  )
 
 
 def test_num_leaves_counts_shared_leaves_once():

@@ -32,8 +32,9 @@ class Plain:
 
 
 def register(registry, cls, **flag):
-  registry.register_node(cls, lambda b: ((b.x,), None),
-                         lambda _, xs: cls(*xs), **flag)
+  registry.register_node(
+      cls, lambda b: ((b.x,), None), lambda _, xs: cls(*xs), **flag
+  )
 
 
 @pytest.fixture
@@ -97,8 +98,11 @@ def test_shared_references_follow_each_target(registry):
   refs = treedef.shared_references()
   assert len(refs) == 3
   traversal_types = []
-  treedef.walk(lambda node_type, _: traversal_types.append(node_type),
-               lambda leaf: leaf, range(treedef.num_leaves))
+  treedef.walk(
+      lambda node_type, _: traversal_types.append(node_type),
+      lambda leaf: leaf,
+      range(treedef.num_leaves),
+  )
   for reference, target in refs.items():
     assert 0 <= target < reference < treedef.num_nodes
   # Distinct targets: a, b and outer, each referenced once.
@@ -109,7 +113,8 @@ def test_queries_survive_state_and_node_data_round_trips(registry):
   b = Box(1)
   _, treedef = registry.flatten({"x": b, "y": (b, Box(2))})
   rebuilt = pt.PyTreeDef.from_node_data_and_children(
-      registry, treedef.node_data(), treedef.children())
+      registry, treedef.node_data(), treedef.children()
+  )
   again = pt.PyTreeDef.__new__(pt.PyTreeDef)
   again.__setstate__(treedef.__getstate__())
   for other in (again, rebuilt):
@@ -133,7 +138,7 @@ def test_composed_copies_do_not_share_with_each_other(registry):
 def test_preserves_relative_identities_follows_the_registration(registry):
   assert registry.preserves_relative_identities(Box)
   assert not registry.preserves_relative_identities(Plain)
-  assert not registry.preserves_relative_identities(int)   # a leaf
+  assert not registry.preserves_relative_identities(int)  # a leaf
   for builtin in (tuple, list, dict, type(None)):
     assert not registry.preserves_relative_identities(builtin)
 
@@ -160,6 +165,7 @@ def test_registry_queries_reject_a_non_class(registry, bad):
 
 
 class Base:
+
   def __init__(self, x):
     self.x = x
 
@@ -173,6 +179,7 @@ class Late(Base):
 
 
 class Other:
+
   def __init__(self, x):
     self.x = x
 
@@ -186,12 +193,12 @@ def test_opt_in_reaches_registered_and_later_subclasses():
   assert not before.has_shared_nodes
   assert not r.preserves_relative_identities(Base)
 
-  r.preserve_relative_identities(Base)   # Base itself is not registered
+  r.preserve_relative_identities(Base)  # Base itself is not registered
   assert r.preserves_relative_identities(Base)
   assert r.preserves_relative_identities(Early)
-  assert r.preserves_relative_identities(Late)   # once registered
+  assert r.preserves_relative_identities(Late)  # once registered
   assert not r.preserves_relative_identities(Other)
-  assert not r.is_node(Base)   # the opt-in does not register anything
+  assert not r.is_node(Base)  # the opt-in does not register anything
 
   leaves, after = r.flatten([early, early])
   assert after.has_shared_nodes and leaves == [1]
@@ -209,7 +216,7 @@ def test_treedefs_made_before_the_opt_in_stay_valid():
   leaves, before = r.flatten([early, early])
   r.preserve_relative_identities(Base)
   first, second = before.unflatten(leaves)
-  assert first is not second   # built as flattened: two nodes
+  assert first is not second  # built as flattened: two nodes
   assert before == r.flatten([Early(1), Early(2)])[1]
   assert hash(before) == hash(r.flatten([Early(1), Early(2)])[1])
   restored = pt.PyTreeDef.__new__(pt.PyTreeDef)
@@ -276,7 +283,7 @@ def test_a_registry_cycle_through_an_opted_in_class_is_collected():
 
   r = pt.PyTreeRegistry()
   r.preserve_relative_identities(Holder)
-  Holder.registry = r   # registry -> Holder -> registry
+  Holder.registry = r  # registry -> Holder -> registry
   alive = weakref.ref(Holder)
   del Holder, r
   gc.collect()
@@ -299,8 +306,10 @@ def test_concurrent_opt_in_and_registration_miss_no_subclass():
     for cls in part:
       r.register_node(cls, lambda o: ((), None), lambda _, __: None)
 
-  threads = [threading.Thread(target=register_half, args=(subclasses[k::2],))
-             for k in range(2)]
+  threads = [
+      threading.Thread(target=register_half, args=(subclasses[k::2],))
+      for k in range(2)
+  ]
   for t in threads:
     t.start()
   start.wait()
@@ -308,5 +317,7 @@ def test_concurrent_opt_in_and_registration_miss_no_subclass():
   for t in threads:
     t.join()
   assert all(r.preserves_relative_identities(cls) for cls in subclasses)
-  assert all(r.flatten([o, o])[1].has_shared_nodes
-             for o in (cls() for cls in subclasses))
+  assert all(
+      r.flatten([o, o])[1].has_shared_nodes
+      for o in (cls() for cls in subclasses)
+  )

@@ -76,27 +76,49 @@ class Fresh:
 
 def make_registry():
   r = pt.PyTreeRegistry()
-  r.register_node(Child, lambda c: ((c.x,), None), lambda _, ch: Child(*ch),
-                  preserve_relative_identities=True)
-  r.register_node(Parent, lambda p: ((p.left, p.right), None),
-                  lambda _, ch: Parent(*ch),
-                  preserve_relative_identities=True)
+  r.register_node(
+      Child,
+      lambda c: ((c.x,), None),
+      lambda _, ch: Child(*ch),
+      preserve_relative_identities=True,
+  )
+  r.register_node(
+      Parent,
+      lambda p: ((p.left, p.right), None),
+      lambda _, ch: Parent(*ch),
+      preserve_relative_identities=True,
+  )
   r.register_node(
       Module,
-      lambda m: (tuple(m.fields[k] for k in sorted(m.fields)),
-                 tuple(sorted(m.fields))),
+      lambda m: (
+          tuple(m.fields[k] for k in sorted(m.fields)),
+          tuple(sorted(m.fields)),
+      ),
       lambda names, ch: Module(**dict(zip(names, ch))),
-      lambda m: (tuple((pt.GetAttrKey(k), m.fields[k]) for k in sorted(m.fields)),
-                 tuple(sorted(m.fields))),
-      preserve_relative_identities=True)
-  r.register_node(MyTuple, lambda t: (t.items, None), lambda _, ch: MyTuple(*ch))
-  r.register_dataclass_node(Param, ["value"], [],
-                            preserve_relative_identities=True)
-  r.register_node(SelfHolder, lambda s: ((s.content,), None),
-                  lambda _, ch: SelfHolder(*ch),
-                  preserve_relative_identities=True)
-  r.register_node(Fresh, lambda f: ((Child(Array(0)),), None),
-                  lambda _, ch: Fresh(), preserve_relative_identities=True)
+      lambda m: (
+          tuple((pt.GetAttrKey(k), m.fields[k]) for k in sorted(m.fields)),
+          tuple(sorted(m.fields)),
+      ),
+      preserve_relative_identities=True,
+  )
+  r.register_node(
+      MyTuple, lambda t: (t.items, None), lambda _, ch: MyTuple(*ch)
+  )
+  r.register_dataclass_node(
+      Param, ["value"], [], preserve_relative_identities=True
+  )
+  r.register_node(
+      SelfHolder,
+      lambda s: ((s.content,), None),
+      lambda _, ch: SelfHolder(*ch),
+      preserve_relative_identities=True,
+  )
+  r.register_node(
+      Fresh,
+      lambda f: ((Child(Array(0)),), None),
+      lambda _, ch: Fresh(),
+      preserve_relative_identities=True,
+  )
   return r
 
 
@@ -110,8 +132,10 @@ def test_parent_child_example():
   leaves, td = REG.flatten(parent)
   assert leaves == [child.x]
   assert td.num_leaves == 1
-  assert repr(td) == ("PyTreeDef(CustomNode(Parent[None], "
-                      "[#1=CustomNode(Child[None], [*]), #1#]))")
+  assert repr(td) == (
+      "PyTreeDef(CustomNode(Parent[None], "
+      "[#1=CustomNode(Child[None], [*]), #1#]))"
+  )
   out = td.unflatten(leaves)
   assert out.left is out.right
   assert out is not parent and out.left is not child
@@ -145,7 +169,7 @@ def test_same_module_as_two_arguments():
   # Across positional and keyword arguments too: one scope per flatten.
   leaves, td = REG.flatten(((m,), {"m": m}))
   assert len(leaves) == 2
-  (out_args, out_kwargs) = td.unflatten(leaves)
+  out_args, out_kwargs = td.unflatten(leaves)
   assert out_args[0] is out_kwargs["m"]
   # Paths: the first occurrence's.
   with_path, _ = REG.flatten_with_path(((m,), {"m": m}))
@@ -172,8 +196,12 @@ def test_sharing_through_a_non_opted_in_node():
   assert leaves == [m.fields["w"]]
   out = td.unflatten(leaves)
   assert isinstance(out, MyTuple)
-  ms = [out.items[0].items[0], out.items[0].items[1],
-        out.items[1].items[0], out.items[1].items[1]]
+  ms = [
+      out.items[0].items[0],
+      out.items[0].items[1],
+      out.items[1].items[0],
+      out.items[1].items[1],
+  ]
   assert all(x is ms[0] for x in ms)
   assert ms[0] is not m
   # The non-opted-in MyTuple nodes themselves are rebuilt separately.
@@ -299,6 +327,7 @@ def test_shared_subtrees_are_visited_once():
   calls = {"flatten": 0, "unflatten": 0}
 
   class Twice:
+
     def __init__(self, a, b):
       self.a, self.b = a, b
 
@@ -311,11 +340,14 @@ def test_shared_subtrees_are_visited_once():
     return Twice(*children)
 
   reg = pt.PyTreeRegistry()
-  reg.register_node(Twice, flatten_fn, unflatten_fn,
-                    preserve_relative_identities=True)
+  reg.register_node(
+      Twice, flatten_fn, unflatten_fn, preserve_relative_identities=True
+  )
   node = Array(0)
   for _ in range(300):
-    node = Twice(node, node) if isinstance(node, Twice) else Twice(node, Array(1))
+    node = (
+        Twice(node, node) if isinstance(node, Twice) else Twice(node, Array(1))
+    )
   leaves, td = reg.flatten(node)
   assert calls["flatten"] == 300
   assert len(leaves) == 2 and td.num_leaves == 2
@@ -356,8 +388,10 @@ def rebuild(td, keep):
   """`td` rebuilt from the children whose index is in `keep`, recursively:
   `keep` maps a child's index to True (whole) or to the `keep` of its own."""
   children = td.children()
-  kept = [children[i] if sub is True else rebuild(children[i], sub)
-          for i, sub in keep.items()]
+  kept = [
+      children[i] if sub is True else rebuild(children[i], sub)
+      for i, sub in keep.items()
+  ]
   node_type, data = td.node_data()
   if node_type is dict:
     data = [data[i] for i in keep]

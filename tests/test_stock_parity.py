@@ -63,43 +63,60 @@ def _warnings_of(fn):
 
 def _both(make_call):
   """The warnings `make_call(module)()` gives on stock and on ours."""
-  return {name: _warnings_of(make_call(module))
-          for name, module in MODULES.items()}
+  return {
+      name: _warnings_of(make_call(module)) for name, module in MODULES.items()
+  }
 
 
 @pytest.mark.parametrize("name", sorted(ITERABLES))
 @pytest.mark.parametrize("operation", ["flatten", "flatten_with_path"])
 def test_iterable_leaf_warns_as_stock(name, operation):
   make = ITERABLES[name]
-  result = _both(lambda m: lambda: getattr(m.PyTreeRegistry(), operation)(
-      [make(), {"k": (make(),)}]))
+  result = _both(
+      lambda m: lambda: getattr(m.PyTreeRegistry(), operation)(
+          [make(), {"k": (make(),)}]
+      )
+  )
   assert result["ours"] == result["stock"]
 
 
 def test_deprecated_iterables_do_warn():
   # The comparison above could pass with both silent: pin stock's message.
-  (category, message, filename), = _warnings_of(
-      lambda: ours.PyTreeRegistry().flatten(zip([], [])))
+  ((category, message, filename),) = _warnings_of(
+      lambda: ours.PyTreeRegistry().flatten(zip([], []))
+  )
   assert category is DeprecationWarning
   assert message == (
       "Python iterable type 'zip' is treated as a leaf in PyTree. Use is_leaf "
       "to suppress this warning if you want this behavior. In a future "
-      "version of JAX, this will become an error.")
-  assert filename == __file__   # stacklevel 1: the caller of flatten
+      "version of JAX, this will become an error."
+  )
+  assert filename == __file__  # stacklevel 1: the caller of flatten
 
 
 @pytest.mark.parametrize("claims", [True, False])
 def test_no_warning_when_is_leaf_claims_the_iterable(claims):
   make = ITERABLES["generator"]
-  result = _both(lambda m: lambda: m.PyTreeRegistry().flatten(
-      [make()], lambda x: claims and not isinstance(x, list)))
+  result = _both(
+      lambda m: lambda: m.PyTreeRegistry().flatten(
+          [make()], lambda x: claims and not isinstance(x, list)
+      )
+  )
   assert result["ours"] == result["stock"]
   assert bool(result["ours"]) is not claims
 
 
-@pytest.mark.parametrize("operation", [
-    "flatten_one_level", "all_leaves", "flatten_up_to", "unflatten", "walk",
-    "from_iterable_tree"])
+@pytest.mark.parametrize(
+    "operation",
+    [
+        "flatten_one_level",
+        "all_leaves",
+        "flatten_up_to",
+        "unflatten",
+        "walk",
+        "from_iterable_tree",
+    ],
+)
 def test_other_operations_do_not_warn(operation):
   def call(m):
     registry = m.PyTreeRegistry()
@@ -113,6 +130,7 @@ def test_other_operations_do_not_warn(operation):
         "from_iterable_tree": lambda: treedef.from_iterable_tree([zip()]),
     }
     return calls[operation]
+
   result = _both(call)
   assert result["ours"] == result["stock"] == []
 
@@ -132,6 +150,7 @@ Point = collections.namedtuple("Point", "x y")
 
 
 class Box:
+
   def __init__(self, x):
     self.x = x
 
@@ -184,7 +203,7 @@ def _same_multiset(a, b):
 
 
 def test_treedef_referents_are_stocks():
-  k1, k2 = "k1", "k" + str(2)   # k2 made at run time: not interned
+  k1, k2 = "k1", "k" + str(2)  # k2 made at run time: not interned
   tree = [1, {k1: 2, k2: Point("a", "b")}, Box(3), Pair(4, "m"), None]
   described = {}
   for name, module in MODULES.items():
@@ -203,8 +222,13 @@ def test_registry_referents_hold_stocks():
   for name, module in MODULES.items():
     referents = gc.get_referents(_registry(module))
     described[name] = _describe(referents, module)
-  for item in (("own type", "PyTreeRegistry"), Box, box_flatten,
-               box_unflatten, Pair):
+  for item in (
+      ("own type", "PyTreeRegistry"),
+      Box,
+      box_flatten,
+      box_unflatten,
+      Pair,
+  ):
     assert item in described["stock"] and item in described["ours"], item
 
 
@@ -212,12 +236,13 @@ def test_a_cycle_through_dict_keys_is_collected():
   import weakref
 
   class Key:
+
     def __lt__(self, other):
       return False
 
   key = Key()
   _, treedef = ours.PyTreeRegistry().flatten({key: 1})
-  key.treedef = treedef   # key -> treedef -> key
+  key.treedef = treedef  # key -> treedef -> key
   alive = weakref.ref(key)
   del key, treedef
   gc.collect()
@@ -248,13 +273,16 @@ def test_a_treedef_equals_stocks_for_the_same_tree():
   assert not ours_td != stock_td
 
 
-@pytest.mark.parametrize("other", [
-    [Box(1), Pair(5, "other meta")],
-    [Box(1), Pair(5, "m"), 3],
-    [Pair(5, "m"), Box(1)],
-    [Box(1), {"k": Pair(5, "m")}],
-    [Box((1, 2)), Pair(5, "m")],
-])
+@pytest.mark.parametrize(
+    "other",
+    [
+        [Box(1), Pair(5, "other meta")],
+        [Box(1), Pair(5, "m"), 3],
+        [Pair(5, "m"), Box(1)],
+        [Box(1), {"k": Pair(5, "m")}],
+        [Box((1, 2)), Pair(5, "m")],
+    ],
+)
 def test_a_treedef_differs_from_stocks_for_another_tree(other):
   r = _registries()
   ours_td = r["ours"].flatten([Box(1), Pair(5, "m")])[1]
@@ -267,15 +295,16 @@ def test_a_type_only_stock_knows_is_not_equal():
   r = _registries()
   r["stock"].register_node(Opaque, lambda o: ((), None), lambda *_: Opaque())
   stock_td = r["stock"].flatten([Opaque()])[1]
-  ours_td = r["ours"].flatten([Opaque()])[1]   # a leaf here
+  ours_td = r["ours"].flatten([Opaque()])[1]  # a leaf here
   assert not ours_td == stock_td and ours_td != stock_td
 
 
 def test_sharing_makes_a_treedef_differ_from_stocks():
   r = _registries()
   ours_shared = ours.PyTreeRegistry()
-  ours_shared.register_node(Box, box_flatten, box_unflatten,
-                            preserve_relative_identities=True)
+  ours_shared.register_node(
+      Box, box_flatten, box_unflatten, preserve_relative_identities=True
+  )
   b = Box(1)
   stock_td = r["stock"].flatten([b, b])[1]
   assert ours_shared.flatten([b, Box(2)])[1] == stock_td

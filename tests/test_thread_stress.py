@@ -80,8 +80,10 @@ def node_flatten(node):
 
 def node_flatten_with_keys(node):
   maybe_yield()
-  return tuple((pt.FlattenedIndexKey(i), c)
-               for i, c in enumerate(node.children)), node.aux
+  return (
+      tuple((pt.FlattenedIndexKey(i), c) for i, c in enumerate(node.children)),
+      node.aux,
+  )
 
 
 def node_unflatten(aux, children):
@@ -117,10 +119,16 @@ def plain_unflatten(_, children):
 REG = pt.PyTreeRegistry()
 REG.__module__ = __name__
 REG.__name__ = "REG"
-REG.register_node(Node, node_flatten, node_unflatten, node_flatten_with_keys,
-                  preserve_relative_identities=True)
-REG.register_dataclass_node(DNode, ["a", "b"], ["m"],
-                            preserve_relative_identities=True)
+REG.register_node(
+    Node,
+    node_flatten,
+    node_unflatten,
+    node_flatten_with_keys,
+    preserve_relative_identities=True,
+)
+REG.register_dataclass_node(
+    DNode, ["a", "b"], ["m"], preserve_relative_identities=True
+)
 REG.register_node(Plain, plain_flatten, plain_unflatten)
 
 # Types registered by the threads, for the others to use: (cls, opted_in).
@@ -154,15 +162,29 @@ def new_type(k, i, opted_in, dataclass):
   name = f"T{k}_{i}_{int(opted_in)}{int(dataclass)}"
   if dataclass:
     cls = dataclasses.dataclass(eq=False)(
-        type(name, (), {"__annotations__": {"x": object, "y": object}}))
-    REG.register_dataclass_node(cls, ["x", "y"], [],
-                                preserve_relative_identities=opted_in)
+        type(name, (), {"__annotations__": {"x": object, "y": object}})
+    )
+    REG.register_dataclass_node(
+        cls, ["x", "y"], [], preserve_relative_identities=opted_in
+    )
   else:
-    cls = type(name, (), {"__init__": lambda self, x, y: (
-        setattr(self, "x", x), setattr(self, "y", y), None)[-1]})
-    REG.register_node(cls, lambda o: (maybe_yield(), ((o.x, o.y), None))[1],
-                      lambda a, c: cls(*c),
-                      preserve_relative_identities=opted_in)
+    cls = type(
+        name,
+        (),
+        {
+            "__init__": lambda self, x, y: (
+                setattr(self, "x", x),
+                setattr(self, "y", y),
+                None,
+            )[-1]
+        },
+    )
+    REG.register_node(
+        cls,
+        lambda o: (maybe_yield(), ((o.x, o.y), None))[1],
+        lambda a, c: cls(*c),
+        preserve_relative_identities=opted_in,
+    )
   cls.__module__ = __name__
   cls.__qualname__ = name
   setattr(sys.modules[__name__], name, cls)
@@ -205,8 +227,9 @@ def test_thread_stress():
     rng = random.Random(k)
     own_tree, own_leaves = make_dag(f"t{k}")
     own_reg = pt.PyTreeRegistry()
-    own_reg.register_node(Node, node_flatten, node_unflatten,
-                          preserve_relative_identities=True)
+    own_reg.register_node(
+        Node, node_flatten, node_unflatten, preserve_relative_identities=True
+    )
     for i in range(ITERATIONS):
       action = rng.randrange(12)
       if action == 0:
@@ -234,7 +257,8 @@ def test_thread_stress():
         children = expected_td.children()
         assert children == expected_children
         rebuilt = pt.PyTreeDef.from_node_data_and_children(
-            REG, expected_td.node_data(), children)
+            REG, expected_td.node_data(), children
+        )
         assert rebuilt == expected_td
         assert pt.treedef_tuple(REG, children).num_leaves == 6
       elif action == 5:
@@ -245,15 +269,16 @@ def test_thread_stress():
         assert out[1]["b"] is out[3][1][0]
       elif action == 6:
         calls = []
-        expected_td.walk(lambda c, d: calls.append(d) or c, lambda x: x,
-                         own_leaves)
+        expected_td.walk(
+            lambda c, d: calls.append(d) or c, lambda x: x, own_leaves
+        )
         # Shared nodes built once: p, d, q, the dict, Plain, the inner
         # list, the tuple and the root list.
         assert len(calls) == 8
-        iterable = expected_td.walk(lambda c, d: list(c), lambda x: x,
-                                    own_leaves)
-        check_dag_output(expected_td.from_iterable_tree(iterable),
-                         shared_tree)
+        iterable = expected_td.walk(
+            lambda c, d: list(c), lambda x: x, own_leaves
+        )
+        check_dag_output(expected_td.from_iterable_tree(iterable), shared_tree)
       elif action == 7:
         # Register a new type; others will use it.
         opted_in = rng.random() < 0.7
@@ -282,7 +307,8 @@ def test_thread_stress():
 
   errors = run_in_threads(worker, N_THREADS, timeout=300)
   assert not errors, f"{len(errors)} threads failed:\n" + "\n".join(
-      f"thread {k}: {tb}" for k, tb in errors[:3])
+      f"thread {k}: {tb}" for k, tb in errors[:3]
+  )
   assert counts == [ITERATIONS] * N_THREADS
   # Everyone registered types, and all of them are in the registry.
   assert all(REG.is_node(cls) for cls, _ in NEW_TYPES)

@@ -16,7 +16,6 @@ from jax import lax
 from jax import tree_util
 from jax._src import test_util as jtu
 
-
 Point = collections.namedtuple("Point", ["x", "y"])
 
 
@@ -46,8 +45,10 @@ class Box:
 def _tree():
   return {
       "point": Point(jnp.arange(3.0), jnp.ones(3)),
-      "layers": [Linear(jnp.eye(3), jnp.zeros(3)),
-                 Linear(2 * jnp.eye(3), jnp.ones(3), name="second")],
+      "layers": [
+          Linear(jnp.eye(3), jnp.zeros(3)),
+          Linear(2 * jnp.eye(3), jnp.ones(3), name="second"),
+      ],
       "box": Box((jnp.float32(2.0), None)),
       "scalar": jnp.float32(0.5),
   }
@@ -84,8 +85,11 @@ class ClassicPytreesTest(jtu.JaxTestCase):
     point = Point(jnp.ones(2), jnp.zeros(2))
     tree = [box, box, point, point]
     self.assertLen(jax.tree.leaves(tree), 6)
-    for out in (jax.tree.map(lambda x: x, tree), jax.jit(lambda t: t)(tree),
-                jax.jit(lambda t: t)(tree)):
+    for out in (
+        jax.tree.map(lambda x: x, tree),
+        jax.jit(lambda t: t)(tree),
+        jax.jit(lambda t: t)(tree),
+    ):
       self.assertIsNot(out[0], out[1])
       self.assertLen(jax.tree.leaves(out), 6)
 
@@ -112,8 +116,9 @@ class ClassicPytreesTest(jtu.JaxTestCase):
     self.assertLen(traces, 2)
 
   def test_jit_static_args_kwargs_and_donation(self):
-    @functools.partial(jax.jit, static_argnums=1, static_argnames="mode",
-                       donate_argnums=0)
+    @functools.partial(
+        jax.jit, static_argnums=1, static_argnames="mode", donate_argnums=0
+    )
     def f(x, n, *, mode, y):
       return (x * n if mode == "mul" else x + n) + y
 
@@ -129,19 +134,24 @@ class ClassicPytreesTest(jtu.JaxTestCase):
     x = jnp.ones(2)
     for _ in range(2):  # traced, then cached
       args, kwargs = f((x,), {"a": x})
-      self.assertEqual(jax.tree.structure((args, kwargs)),
-                       jax.tree.structure((((x,), {"a": x}), {})))
+      self.assertEqual(
+          jax.tree.structure((args, kwargs)),
+          jax.tree.structure((((x,), {"a": x}), {})),
+      )
       args, kwargs = f(x, a=x)
-      self.assertEqual(jax.tree.structure((args, kwargs)),
-                       jax.tree.structure(((x,), {"a": x})))
+      self.assertEqual(
+          jax.tree.structure((args, kwargs)),
+          jax.tree.structure(((x,), {"a": x})),
+      )
     self.assertEqual(f._cache_size(), 2)
 
   def test_jit_prng_keys(self):
     f = jax.jit(lambda k: jax.random.split(k))
     key = jax.random.key(0)
     first = f(key)
-    self.assertArraysEqual(jax.random.key_data(first),
-                           jax.random.key_data(f(key)))
+    self.assertArraysEqual(
+        jax.random.key_data(first), jax.random.key_data(f(key))
+    )
     self.assertEqual(first.shape, (2,))
 
   def test_grad(self):
@@ -160,7 +170,7 @@ class ClassicPytreesTest(jtu.JaxTestCase):
     # cotangent's from another: dataclass nodes compare equal across them.
     f = lambda x: Linear(x * 2, x * 3)
     _, pullback = jax.vjp(f, jnp.float32(1.0))
-    ct, = pullback(Linear(jnp.float32(1.0), jnp.float32(1.0)))
+    (ct,) = pullback(Linear(jnp.float32(1.0), jnp.float32(1.0)))
     self.assertAllClose(ct, 5.0)
     jac = jax.jacrev(f)(jnp.float32(1.0))
     self.assertAllClose(jac.w, 2.0)

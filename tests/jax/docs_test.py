@@ -25,6 +25,7 @@ FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 
 
 class Block:
+
   def __init__(self, language, first_line, lines, skipped):
     self.language = language
     self.first_line = first_line  # 1-based line of the first code line
@@ -49,22 +50,29 @@ def fenced_blocks(text):
     j = start
     while j < len(lines):
       close = FENCE.match(lines[j])
-      if (close and close.group("fence")[0] == fence[0]
+      if (
+          close
+          and close.group("fence")[0] == fence[0]
           and len(close.group("fence")) >= len(fence)
-          and not close.group("info").strip()):
+          and not close.group("info").strip()
+      ):
         break
       j += 1
     else:
       raise AssertionError(f"unclosed code fence at line {i + 1}")
-    blocks.append(Block(language, start + 1, lines[start:j],
-                        previous == NOT_RUN))
+    blocks.append(
+        Block(language, start + 1, lines[start:j], previous == NOT_RUN)
+    )
     i = j + 1
   return blocks
 
 
 def python_blocks(doc):
-  return [b for b in fenced_blocks((ROOT / doc).read_text())
-          if b.language in ("python", "py")]
+  return [
+      b
+      for b in fenced_blocks((ROOT / doc).read_text())
+      if b.language in ("python", "py")
+  ]
 
 
 @pytest.mark.parametrize("doc", DOCS)
@@ -94,14 +102,19 @@ def test_doc_python_blocks_run(doc):
       except BaseException as e:
         raise AssertionError(
             f"{doc}: python block {number} (line {block.first_line}) failed: "
-            f"{type(e).__name__}: {e}") from e
+            f"{type(e).__name__}: {e}"
+        ) from e
   finally:
     del sys.modules[name]
 
 
 def test_few_blocks_are_marked_not_run():
-  skipped = [(doc, b.first_line) for doc in DOCS for b in python_blocks(doc)
-             if b.skipped]
+  skipped = [
+      (doc, b.first_line)
+      for doc in DOCS
+      for b in python_blocks(doc)
+      if b.skipped
+  ]
   assert len(skipped) <= 3, f"too many python blocks marked not run: {skipped}"
 
 

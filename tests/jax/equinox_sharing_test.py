@@ -43,15 +43,19 @@ class EquinoxSharingTest(stock_reference.StockReferenceTestCase):
     self.inputs, self.targets = lm.batch()
 
   def test_the_tied_table_is_one_leaf(self):
-    self.assertTrue(jax.tree_util.preserves_relative_identities(
-        eqx.nn.Embedding))
+    self.assertTrue(
+        jax.tree_util.preserves_relative_identities(eqx.nn.Embedding)
+    )
     self.assertLen(lm.weights(self.model), len(self.stock["weights"]))
 
   def _assert_trains_like_eqx_shared_on_stock(self, jit):
     self.assertTrainsLikeStock(
         lambda after_step: lm.train(self.model, jit, after_step),
         tied=lambda model: (model.embedding, model.unembedding),
-        values=lm.weights, values_key="weights", loss_ratio=0.5)
+        values=lm.weights,
+        values_key="weights",
+        loss_ratio=0.5,
+    )
 
   def test_filter_jit_training_matches_eqx_shared_on_stock(self):
     self._assert_trains_like_eqx_shared_on_stock(eqx.filter_jit)
@@ -64,16 +68,21 @@ class EquinoxSharingTest(stock_reference.StockReferenceTestCase):
     self.assertIs(grads.embedding, grads.unembedding)
     shared = lm.SharedLM(jax.random.key(0))
     shared_grads = eqx.filter_grad(lm.loss)(shared, self.inputs, self.targets)
-    self.assertAllClose(grads.embedding.weight,
-                        shared_grads.embeddings.pytree[0].weight,
-                        rtol=1e-5, atol=1e-6)
+    self.assertAllClose(
+        grads.embedding.weight,
+        shared_grads.embeddings.pytree[0].weight,
+        rtol=1e-5,
+        atol=1e-6,
+    )
 
   def test_filter_vmap_keeps_the_tie(self):
     broadcast = eqx.filter_vmap(lambda model, _: model, in_axes=(None, 0))(
-        self.model, self.inputs)
+        self.model, self.inputs
+    )
     self.assertIs(broadcast.embedding, broadcast.unembedding)
     ensemble = eqx.filter_vmap(lm.TiedLM)(
-        jax.random.split(jax.random.key(0), 3))
+        jax.random.split(jax.random.key(0), 3)
+    )
     self.assertIs(ensemble.embedding, ensemble.unembedding)
     self.assertEqual(ensemble.embedding.weight.shape, (3, lm.VOCAB, lm.DIM))
 
@@ -104,14 +113,15 @@ class EquinoxSharingTest(stock_reference.StockReferenceTestCase):
     buffer = io.BytesIO()
     eqx.tree_serialise_leaves(buffer, self.model)
     # As many bytes as the model tied with eqx.nn.Shared: the table once.
-    self.assertEqual(buffer.tell(),
-                     _serialised_size(lm.SharedLM(jax.random.key(0))))
+    self.assertEqual(
+        buffer.tell(), _serialised_size(lm.SharedLM(jax.random.key(0)))
+    )
     buffer.seek(0)
-    restored = eqx.tree_deserialise_leaves(
-        buffer, lm.TiedLM(jax.random.key(7)))
+    restored = eqx.tree_deserialise_leaves(buffer, lm.TiedLM(jax.random.key(7)))
     self.assertIs(restored.embedding, restored.unembedding)
-    self.assertArraysEqual(restored.embedding.weight,
-                           self.model.embedding.weight)
+    self.assertArraysEqual(
+        restored.embedding.weight, self.model.embedding.weight
+    )
 
 
 if __name__ == "__main__":

@@ -46,15 +46,17 @@ class Block(eqx.Module):
     keys = jax.random.split(key, 6)
     self.attention_norm = eqx.nn.LayerNorm(DIM)
     self.query, self.key, self.value, self.output = (
-        eqx.nn.Linear(DIM, DIM, key=k) for k in keys[:4])
+        eqx.nn.Linear(DIM, DIM, key=k) for k in keys[:4]
+    )
     self.mlp_norm = eqx.nn.LayerNorm(DIM)
     self.up = eqx.nn.Linear(DIM, 2 * DIM, key=keys[4])
     self.down = eqx.nn.Linear(2 * DIM, DIM, key=keys[5])
 
   def __call__(self, x):
     h = jax.vmap(self.attention_norm)(x)
-    q, k, v = (jax.vmap(layer)(h) for layer in (self.query, self.key,
-                                                 self.value))
+    q, k, v = (
+        jax.vmap(layer)(h) for layer in (self.query, self.key, self.value)
+    )
     scores = q @ k.T / math.sqrt(DIM)
     causal = jnp.tril(jnp.ones((SEQ, SEQ), bool))
     weights = jax.nn.softmax(jnp.where(causal, scores, -1e9), axis=-1)
@@ -90,8 +92,14 @@ class TiedLM(eqx.Module):
     self.unembedding = self.embedding
 
   def __call__(self, tokens):
-    return _logits(self.embedding, self.positions, self.block, self.norm,
-                   self.unembedding, tokens)
+    return _logits(
+        self.embedding,
+        self.positions,
+        self.block,
+        self.norm,
+        self.unembedding,
+        tokens,
+    )
 
 
 class SharedLM(eqx.Module):
@@ -109,24 +117,24 @@ class SharedLM(eqx.Module):
     self.embeddings = eqx.nn.Shared(
         (embedding, eqx.nn.Embedding(weight=embedding.weight)),
         where=lambda pair: pair[1].weight,
-        get=lambda pair: pair[0].weight)
+        get=lambda pair: pair[0].weight,
+    )
 
   def __call__(self, tokens):
     embedding, unembedding = self.embeddings()
-    return _logits(embedding, self.positions, self.block, self.norm,
-                   unembedding, tokens)
+    return _logits(
+        embedding, self.positions, self.block, self.norm, unembedding, tokens
+    )
 
 
 def batch():
-  tokens = jax.random.randint(jax.random.key(1), (BATCH, SEQ + 1), 0,
-                              VOCAB)
+  tokens = jax.random.randint(jax.random.key(1), (BATCH, SEQ + 1), 0, VOCAB)
   return tokens[:, :-1], tokens[:, 1:]
 
 
 def loss(model, inputs, targets):
   logits = jax.vmap(model)(inputs)
-  return optax.softmax_cross_entropy_with_integer_labels(
-      logits, targets).mean()
+  return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
 
 
 optimizer = optax.adamw(LEARNING_RATE)
@@ -134,8 +142,9 @@ optimizer = optax.adamw(LEARNING_RATE)
 
 def step(model, opt_state, inputs, targets):
   value, grads = eqx.filter_value_and_grad(loss)(model, inputs, targets)
-  updates, opt_state = optimizer.update(grads, opt_state,
-                                        eqx.filter(model, eqx.is_array))
+  updates, opt_state = optimizer.update(
+      grads, opt_state, eqx.filter(model, eqx.is_array)
+  )
   return value, eqx.apply_updates(model, updates), opt_state
 
 
@@ -143,8 +152,9 @@ def train(model, jit, after_step=lambda model: None):
   """STEPS optimizer steps with `step` compiled by `jit`; the losses and the
   trained model. `after_step(model)` sees the model after every step."""
   opt_state = optimizer.init(eqx.filter(model, eqx.is_array))
-  return training.train(jit(step), (model, opt_state), batch(), STEPS,
-                        after_step)
+  return training.train(
+      jit(step), (model, opt_state), batch(), STEPS, after_step
+  )
 
 
 def weights(model):

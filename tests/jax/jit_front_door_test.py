@@ -43,6 +43,7 @@ class JitFrontDoorTest(jtu.JaxTestCase):
     # Callables that compare equal are still distinct functions: as in
     # stock, the cache is keyed on the function's identity.
     class Scaler:
+
       def __init__(self, factor):
         self.factor = factor
 
@@ -63,6 +64,7 @@ class JitFrontDoorTest(jtu.JaxTestCase):
     self.assertEqual(repr(jitted), f"<PjitFunction of {double!r}>")
 
     class BadRepr:
+
       def __call__(self):
         pass
 
@@ -77,6 +79,7 @@ class JitFrontDoorTest(jtu.JaxTestCase):
   def test_bound_methods_and_weak_references(self):
     # jax.jit(obj.method) stored on obj: a cycle the collector must break.
     class Model:
+
       def __init__(self):
         self.jitted = jax.jit(self.apply)
 
@@ -122,7 +125,7 @@ class JitFrontDoorTest(jtu.JaxTestCase):
     caller()
     names = [frame.name for frame in frames]
     # The caller's frame is followed by JAX's own tracing frames only.
-    after_caller = names[names.index("caller") + 1:]
+    after_caller = names[names.index("caller") + 1 :]
     self.assertNotIn("jitted", after_caller)
     self.assertNotIn("call", after_caller)
 
@@ -130,8 +133,10 @@ class JitFrontDoorTest(jtu.JaxTestCase):
     cases = {
         "function": (double, "double"),
         "partial": (functools.partial(double), "double"),
-        "nested partial": (functools.partial(functools.partial(double)),
-                           "double"),
+        "nested partial": (
+            functools.partial(functools.partial(double)),
+            "double",
+        ),
         "lambda": (lambda: None, "<lambda>"),
     }
     named = functools.partial(double)
@@ -144,8 +149,14 @@ class JitFrontDoorTest(jtu.JaxTestCase):
   def test_wraps_copies_no_jit_attribute(self):
     jitted = jax.jit(double)
     wrapper = functools.wraps(jitted)(lambda x: jitted(x + 1))
-    for name in ("lower", "trace", "eval_shape", "clear_cache",
-                 "_cache_size", "_clear_cache"):
+    for name in (
+        "lower",
+        "trace",
+        "eval_shape",
+        "clear_cache",
+        "_cache_size",
+        "_clear_cache",
+    ):
       with self.subTest(name):
         self.assertFalse(hasattr(wrapper, name))
     with self.assertRaisesRegex(AttributeError, "has no attribute 'lower'"):
@@ -192,8 +203,11 @@ class JitFrontDoorTest(jtu.JaxTestCase):
     def static_ones(*args, **kwargs):
       named = [(f"args[{i}]", x) for i, x in enumerate(args)]
       named += [(k, x) for k, x in kwargs.items()]
-      return {name: jnp.zeros(()) for name, x in named
-              if not isinstance(x, jax.core.Tracer)}
+      return {
+          name: jnp.zeros(())
+          for name, x in named
+          if not isinstance(x, jax.core.Tracer)
+      }
 
     def named_static(x, n, *, mode=0):
       return static_ones(x, n, mode=mode)
@@ -204,32 +218,48 @@ class JitFrontDoorTest(jtu.JaxTestCase):
         (dict(static_argnums=-1), static_ones, (x, 2), {}, {"args[1]"}),
         (dict(static_argnums=-1), static_ones, (x, x, 3), {}, {"args[2]"}),
         (dict(static_argnums=(0, -1)), static_ones, (4,), {}, {"args[0]"}),
-        (dict(static_argnums=(1, -2)), static_ones, (x, 5, x), {},
-         {"args[1]"}),
+        (dict(static_argnums=(1, -2)), static_ones, (x, 5, x), {}, {"args[1]"}),
         # An index past the call's positional arguments selects nothing.
         (dict(static_argnums=5), static_ones, (x, x), {}, set()),
-        (dict(static_argnums=(-1, 7)), static_ones, (x, 6), {"k": x},
-         {"args[1]"}),
-        (dict(static_argnames="k"), static_ones, (x,), {"k": 7, "j": x},
-         {"k"}),
+        (
+            dict(static_argnums=(-1, 7)),
+            static_ones,
+            (x, 6),
+            {"k": x},
+            {"args[1]"},
+        ),
+        (dict(static_argnames="k"), static_ones, (x,), {"k": 7, "j": x}, {"k"}),
         # static_argnames given positionally (jax.jit makes them static
         # positions too) and by keyword.
-        (dict(static_argnames=("n", "mode")), named_static, (x, 8), {},
-         {"args[1]", "mode"}),
-        (dict(static_argnames=("n", "mode")), named_static, (x,),
-         {"n": 9, "mode": 1}, {"args[1]", "mode"}),
-        (dict(static_argnums=1), named_static, (x,), {"n": 10},
-         {"args[1]", "mode"}),
+        (
+            dict(static_argnames=("n", "mode")),
+            named_static,
+            (x, 8),
+            {},
+            {"args[1]", "mode"},
+        ),
+        (
+            dict(static_argnames=("n", "mode")),
+            named_static,
+            (x,),
+            {"n": 9, "mode": 1},
+            {"args[1]", "mode"},
+        ),
+        (
+            dict(static_argnums=1),
+            named_static,
+            (x,),
+            {"n": 10},
+            {"args[1]", "mode"},
+        ),
     ]
     for options, fun, args, kwargs, expected in cases:
       with self.subTest(options=options, args=args, kwargs=kwargs):
         jitted = jax.jit(fun, **options)
         self.assertEqual(set(jitted(*args, **kwargs)), expected)
         self.assertEqual(set(jitted(*args, **kwargs)), expected)  # cached
-        self.assertEqual(set(jitted.trace(*args, **kwargs).out_info),
-                         expected)
-        self.assertEqual(set(jitted.lower(*args, **kwargs).out_info),
-                         expected)
+        self.assertEqual(set(jitted.trace(*args, **kwargs).out_info), expected)
+        self.assertEqual(set(jitted.lower(*args, **kwargs).out_info), expected)
         self.assertEqual(set(jitted.eval_shape(*args, **kwargs)), expected)
 
     # An index before the first argument: stock's error on every path. (A
@@ -239,8 +269,9 @@ class JitFrontDoorTest(jtu.JaxTestCase):
     jitted = jax.jit(lambda *args: static_ones(*args), static_argnums=-3)
     for path in (jitted, jitted.trace, jitted.lower, jitted.eval_shape):
       with self.subTest(path=path):
-        with self.assertRaisesRegex(ValueError,
-                                    "greater than or equal to -len"):
+        with self.assertRaisesRegex(
+            ValueError, "greater than or equal to -len"
+        ):
           path(x, x)
 
 

@@ -46,8 +46,9 @@ def shared_parent(x=1.0):
 
 
 def unshared_parent(x=1.0):
-  return Parent(Child(jnp.asarray(x, jnp.float32)),
-                Child(jnp.asarray(x, jnp.float32)))
+  return Parent(
+      Child(jnp.asarray(x, jnp.float32)), Child(jnp.asarray(x, jnp.float32))
+  )
 
 
 class JitSharingTest(jtu.JaxTestCase):
@@ -61,8 +62,10 @@ class JitSharingTest(jtu.JaxTestCase):
       return parent
 
     parent, child = shared_parent()
-    with (jtu.count_jit_tracing_cache_miss() as traces,
-          jtu.count_pjit_cpp_cache_miss() as slow_calls):
+    with (
+        jtu.count_jit_tracing_cache_miss() as traces,
+        jtu.count_pjit_cpp_cache_miss() as slow_calls,
+    ):
       for _ in range(4):
         out = f(parent)
         self.assertIs(out.left, out.right)
@@ -83,9 +86,9 @@ class JitSharingTest(jtu.JaxTestCase):
       return p.left.x + 2 * p.right.x
 
     self.assertEqual(f(shared_parent(1.0)[0]), 3.0)
-    self.assertEqual(f(shared_parent(2.0)[0]), 6.0)   # new objects, same sharing
+    self.assertEqual(f(shared_parent(2.0)[0]), 6.0)  # new objects, same sharing
     self.assertEqual(traces, [True])
-    self.assertEqual(f(unshared_parent(1.0)), 3.0)   # new sharing: one retrace
+    self.assertEqual(f(unshared_parent(1.0)), 3.0)  # new sharing: one retrace
     self.assertEqual(traces, [True, False])
     self.assertEqual(f(shared_parent(3.0)[0]), 9.0)
     self.assertEqual(f(unshared_parent(3.0)), 9.0)
@@ -118,7 +121,7 @@ class JitSharingTest(jtu.JaxTestCase):
       self.assertIs(out_a, out_c)
     self.assertEqual(seen, [(True, True)])
     traced = f.trace(child, child, c=child)
-    self.assertLen(traced.jaxpr.in_avals, 1)   # one parameter for the one leaf
+    self.assertLen(traced.jaxpr.in_avals, 1)  # one parameter for the one leaf
     out_a, out_c = f(child, Child(child.x), c=child)
     self.assertIs(out_a, out_c)
     self.assertEqual(seen[-1], (False, False))
@@ -258,9 +261,10 @@ class JitSharingTest(jtu.JaxTestCase):
     self.assertIs(out.left, out.right)
     g = jax.grad(lambda p: inner(p).left.x * inner(p).right.x)(parent)
     self.assertIs(g.left, g.right)
-    self.assertEqual(g.left.x, 4.0)   # d(x * x)/dx: both uses are one leaf
-    out = jax.vmap(inner)(Parent(Child(jnp.arange(3.0)),
-                                 Child(jnp.arange(3.0))))
+    self.assertEqual(g.left.x, 4.0)  # d(x * x)/dx: both uses are one leaf
+    out = jax.vmap(inner)(
+        Parent(Child(jnp.arange(3.0)), Child(jnp.arange(3.0)))
+    )
     self.assertIsNot(out.left, out.right)
 
   def test_prng_keys_in_shared_nodes(self):
@@ -275,8 +279,7 @@ class JitSharingTest(jtu.JaxTestCase):
     for _ in range(3):
       x, y = f(key, key)
       self.assertIs(x, y)
-      self.assertTrue(jax.dtypes.issubdtype(x.value.dtype,
-                                            jax.dtypes.prng_key))
+      self.assertTrue(jax.dtypes.issubdtype(x.value.dtype, jax.dtypes.prng_key))
 
   def test_debug_nans_on_cached_calls(self):
     f = jax.jit(lambda p: p.left.x / p.right.x)
@@ -311,17 +314,21 @@ class JitSharingTest(jtu.JaxTestCase):
 
   def test_shardings_on_eight_devices(self):
     if jax.device_count() < 8:
-      self.skipTest("needs 8 devices (XLA_FLAGS="
-                    "--xla_force_host_platform_device_count=8)")
+      self.skipTest(
+          "needs 8 devices (XLA_FLAGS="
+          "--xla_force_host_platform_device_count=8)"
+      )
     mesh = jax.make_mesh((8,), ("x",))
     split = NamedSharding(mesh, P("x"))
     replicated = NamedSharding(mesh, P())
     p = Param(jnp.arange(16.0))
     model = Parent(p, p)
 
-    f = jax.jit(lambda m: Parent(m.right, m.left),
-                in_shardings=(Parent(Param(split), Param(split)),),
-                out_shardings=split)
+    f = jax.jit(
+        lambda m: Parent(m.right, m.left),
+        in_shardings=(Parent(Param(split), Param(split)),),
+        out_shardings=split,
+    )
     self.assertLen(f.trace(model).jaxpr.in_avals, 1)
     for _ in range(3):
       out = f(model)
@@ -336,21 +343,25 @@ class JitSharingTest(jtu.JaxTestCase):
     with self.assertRaisesRegex(ValueError, "in_shardings"):
       jax.jit(lambda a, b: a, in_shardings=(split, replicated))(p, p)
     with self.assertRaisesRegex(ValueError, "out_shardings"):
-      jax.jit(lambda a: Parent(a, a),
-              out_shardings=Parent(Param(split), Param(replicated)))(p)
+      jax.jit(
+          lambda a: Parent(a, a),
+          out_shardings=Parent(Param(split), Param(replicated)),
+      )(p)
 
   def test_shard_map_over_shared_args(self):
     if jax.device_count() < 8:
       self.skipTest("needs 8 devices")
     mesh = jax.make_mesh((8,), ("x",))
     p = Param(jax.device_put(jnp.arange(16.0), NamedSharding(mesh, P("x"))))
-    f = jax.shard_map(lambda a, b: (a, b), mesh=mesh, in_specs=P("x"),
-                      out_specs=P("x"))
+    f = jax.shard_map(
+        lambda a, b: (a, b), mesh=mesh, in_specs=P("x"), out_specs=P("x")
+    )
     a, b = f(p, p)
     self.assertIs(a, b)
     self.assertEqual(a.value.shape, (16,))
-    g = jax.shard_map(lambda a, b: (a, b), mesh=mesh,
-                      in_specs=(P("x"), P()), out_specs=P("x"))
+    g = jax.shard_map(
+        lambda a, b: (a, b), mesh=mesh, in_specs=(P("x"), P()), out_specs=P("x")
+    )
     with self.assertRaisesRegex(ValueError, "shared pytree node"):
       g(p, p)
 
@@ -369,8 +380,9 @@ class JitSharingTest(jtu.JaxTestCase):
       out = jax.device_put(model, Parent(Param(split), Param(split)))
       self.assertIs(out.left, out.right)
       with self.assertRaisesRegex(ValueError, "more than once"):
-        jax.device_put(model, Parent(Param(split),
-                                     Param(NamedSharding(mesh, P()))))
+        jax.device_put(
+            model, Parent(Param(split), Param(NamedSharding(mesh, P())))
+        )
 
   @parameterized.parameters(1, 2, 10)
   def test_many_references_one_leaf(self, n):

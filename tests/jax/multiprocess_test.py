@@ -32,10 +32,16 @@ def findings():
   """Each process's findings, in process order."""
   port = free_port()
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
-  procs = [subprocess.Popen(
-      [sys.executable, str(WORKER), str(i), str(NUM_PROCESSES),
-       str(port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-      env=env) for i in range(NUM_PROCESSES)]
+  procs = [
+      subprocess.Popen(
+          [sys.executable, str(WORKER), str(i), str(NUM_PROCESSES), str(port)],
+          stdout=subprocess.PIPE,
+          stderr=subprocess.PIPE,
+          text=True,
+          env=env,
+      )
+      for i in range(NUM_PROCESSES)
+  ]
   outputs = []
   try:
     for proc in procs:
@@ -48,8 +54,9 @@ def findings():
         proc.kill()
         proc.communicate()
   for i, (proc, (out, err)) in enumerate(zip(procs, outputs)):
-    assert proc.returncode == 0, (
-        f"process {i} exited with {proc.returncode}:\n{out}\n{err[-6000:]}")
+    assert (
+        proc.returncode == 0
+    ), f"process {i} exited with {proc.returncode}:\n{out}\n{err[-6000:]}"
   return [json.loads(out.splitlines()[-1]) for out, _ in outputs]
 
 
@@ -59,10 +66,18 @@ def test_both_processes_see_the_global_mesh(findings):
     assert found["global_devices"] == 2 * NUM_PROCESSES
 
 
-@pytest.mark.parametrize("what", [
-    "shared_inside_jit", "shared_after_jit", "grads_shared",
-    "grad_sharding_global", "grad_is_sum_of_uses", "allgather_shared",
-    "broadcast_shared"])
+@pytest.mark.parametrize(
+    "what",
+    [
+        "shared_inside_jit",
+        "shared_after_jit",
+        "grads_shared",
+        "grad_sharding_global",
+        "grad_is_sum_of_uses",
+        "allgather_shared",
+        "broadcast_shared",
+    ],
+)
 def test_sharing_holds_in_every_process(findings, what):
   assert [found[what] for found in findings] == [True] * NUM_PROCESSES
 

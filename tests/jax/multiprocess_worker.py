@@ -27,10 +27,14 @@ address = f"127.0.0.1:{port}"
 # coordinator_bind_address: the coordinator listens on loopback only, not on
 # every interface.
 jax.distributed.initialize(
-    coordinator_address=address, num_processes=num_processes,
-    process_id=process_id, coordinator_bind_address=address,
-    initialization_timeout=60, heartbeat_timeout_seconds=30,
-    shutdown_timeout_seconds=30)
+    coordinator_address=address,
+    num_processes=num_processes,
+    process_id=process_id,
+    coordinator_bind_address=address,
+    initialization_timeout=60,
+    heartbeat_timeout_seconds=30,
+    shutdown_timeout_seconds=30,
+)
 
 
 @jax.tree_util.register_dataclass
@@ -50,14 +54,18 @@ w_host = np.linspace(-1.0, 1.0, rows * 3, dtype=np.float32).reshape(rows, 3)
 x_host = np.linspace(-2.0, 2.0, 2 * rows, dtype=np.float32).reshape(2, rows)
 row_sharding = NamedSharding(mesh, P("x"))
 replicated = NamedSharding(mesh, P())
-w = jax.make_array_from_callback(w_host.shape, row_sharding, lambda i: w_host[i])
+w = jax.make_array_from_callback(
+    w_host.shape, row_sharding, lambda i: w_host[i]
+)
 # Every process holds the whole (replicated) input.
 x = jax.make_array_from_process_local_data(replicated, x_host, x_host.shape)
 
 tied = Param(w)
 model = Model(tied, tied)
-findings = {"process_count": jax.process_count(),
-            "global_devices": len(jax.devices())}
+findings = {
+    "process_count": jax.process_count(),
+    "global_devices": len(jax.devices()),
+}
 
 traced = []
 
@@ -74,8 +82,9 @@ new_model, grads = step(model, x)
 findings["shared_inside_jit"] = traced == [True]
 findings["shared_after_jit"] = new_model.enc is new_model.dec
 findings["grads_shared"] = grads.enc is grads.dec
-findings["grad_sharding_global"] = (
-    grads.enc.value.sharding.is_equivalent_to(row_sharding, 2))
+findings["grad_sharding_global"] = grads.enc.value.sharding.is_equivalent_to(
+    row_sharding, 2
+)
 
 # The gradient of a tied Param is the sum over its uses: the untied model's
 # two gradients added.
@@ -83,9 +92,13 @@ untied = Model(Param(w), Param(w))
 untied_grads = jax.jit(jax.grad(loss))(untied, x)
 gathered_grads = multihost_utils.process_allgather(
     (grads.enc.value, untied_grads.enc.value, untied_grads.dec.value),
-    tiled=True)
-findings["grad_is_sum_of_uses"] = bool(np.allclose(
-    gathered_grads[0], gathered_grads[1] + gathered_grads[2], rtol=1e-5))
+    tiled=True,
+)
+findings["grad_is_sum_of_uses"] = bool(
+    np.allclose(
+        gathered_grads[0], gathered_grads[1] + gathered_grads[2], rtol=1e-5
+    )
+)
 
 # A shared tree through the multihost helpers.
 local_param = Param(np.full((2,), process_id, np.float32))

@@ -43,8 +43,7 @@ def loss(model, x, y):
 
 def new_model_and_optimizer():
   model = Model(nnx.Rngs(0))
-  return model, nnx.Optimizer(model, optax.adamw(LEARNING_RATE),
-                              wrt=nnx.Param)
+  return model, nnx.Optimizer(model, optax.adamw(LEARNING_RATE), wrt=nnx.Param)
 
 
 def train_graph_mode(after_step=lambda model: None):
@@ -59,8 +58,9 @@ def train_graph_mode(after_step=lambda model: None):
   def step_in_place(model, optimizer, x, y):
     return step(model, optimizer, x, y), model, optimizer
 
-  return training.train(step_in_place, new_model_and_optimizer(), data(),
-                        STEPS, after_step)
+  return training.train(
+      step_in_place, new_model_and_optimizer(), data(), STEPS, after_step
+  )
 
 
 def train_tree_mode(after_step=lambda model: None):
@@ -73,8 +73,9 @@ def train_tree_mode(after_step=lambda model: None):
     optimizer.update(model, grads)
     return value, model, optimizer
 
-  return training.train(step, new_model_and_optimizer(), data(), STEPS,
-                        after_step)
+  return training.train(
+      step, new_model_and_optimizer(), data(), STEPS, after_step
+  )
 
 
 def parameters(model):

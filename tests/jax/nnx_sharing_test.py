@@ -11,7 +11,6 @@ in peer_libraries_test.py. The opt-in is for the whole process, as a user
 would do it: once, after importing Flax.
 """
 
-
 from absl.testing import absltest
 
 import jax
@@ -37,17 +36,26 @@ class NnxSharingTest(stock_reference.StockReferenceTestCase):
     self.x, self.y = shared_linear.data()
 
   def test_the_base_classes_opt_in_every_nnx_class(self):
-    for cls in (nnx.Linear, nnx.Optimizer, nnx.Rngs, nnx.Param,
-                nnx.BatchStat, shared_linear.Model):
+    for cls in (
+        nnx.Linear,
+        nnx.Optimizer,
+        nnx.Rngs,
+        nnx.Param,
+        nnx.BatchStat,
+        shared_linear.Model,
+    ):
       self.assertTrue(jax.tree_util.preserves_relative_identities(cls), cls)
     # Two Linear layers of kernel and bias: the shared one counts once.
     self.assertLen(jax.tree.leaves(self.model), 4)
 
   def _assert_trains_like_stock(self, train):
     self.assertTrainsLikeStock(
-        train, tied=lambda model: (model.first, model.last),
-        values=shared_linear.parameters, values_key="parameters",
-        loss_ratio=1)
+        train,
+        tied=lambda model: (model.first, model.last),
+        values=shared_linear.parameters,
+        values_key="parameters",
+        loss_ratio=1,
+    )
 
   def test_plain_jax_jit_tree_mode_trains_like_nnx_jit_on_stock(self):
     self._assert_trains_like_stock(shared_linear.train_tree_mode)
@@ -57,7 +65,7 @@ class NnxSharingTest(stock_reference.StockReferenceTestCase):
 
   def test_split_and_merge_agree_with_the_opt_in(self):
     graphdef, state = nnx.split(self.model)
-    self.assertLen(jax.tree.leaves(state), 4)   # NNX's own deduplication
+    self.assertLen(jax.tree.leaves(state), 4)  # NNX's own deduplication
     merged = nnx.merge(graphdef, state)
     self.assertIs(merged.first, merged.last)
     # The state is a pytree of opted-in Variables; a jitted identity on it
@@ -74,8 +82,9 @@ class NnxSharingTest(stock_reference.StockReferenceTestCase):
     tree_grads = jax.grad(shared_linear.loss)(self.model, self.x, self.y)
     self.assertIs(tree_grads.first, tree_grads.last)
     graph_grads = nnx.grad(shared_linear.loss)(self.model, self.x, self.y)
-    self.assertAllClose(tree_grads.first.kernel[...],
-                        graph_grads["first"]["kernel"][...])
+    self.assertAllClose(
+        tree_grads.first.kernel[...], graph_grads["first"]["kernel"][...]
+    )
 
   def test_a_variable_shared_by_two_layers_stays_one(self):
     first = nnx.Linear(2, 2, rngs=nnx.Rngs(0))

@@ -38,14 +38,17 @@ class Layer:
   weight: jax.Array
   bias: jax.Array
 
+
 tree_util.preserve_relative_identities(Layer)
 
 
 def _layer(seed):
   weight_key, bias_key = jax.random.split(jax.random.key(seed))
   # Random numbers: Orbax compresses, and constant arrays would hide a copy.
-  return Layer(jax.random.normal(weight_key, (WIDTH, WIDTH)),
-               jax.random.normal(bias_key, (WIDTH,)))
+  return Layer(
+      jax.random.normal(weight_key, (WIDTH, WIDTH)),
+      jax.random.normal(bias_key, (WIDTH,)),
+  )
 
 
 def _abstract(tree):
@@ -77,7 +80,8 @@ class OrbaxSharingTest(jtu.JaxTestCase):
     shared = self._bytes_on_disk(self._save("shared", [layer] * COPIES))
     one = self._bytes_on_disk(self._save("one", [layer]))
     separate = self._bytes_on_disk(
-        self._save("separate", [_layer(seed) for seed in range(COPIES)]))
+        self._save("separate", [_layer(seed) for seed in range(COPIES)])
+    )
     array_bytes = (WIDTH + 1) * WIDTH * 4
     self.assertLess(shared, one + array_bytes // 10)  # metadata only
     self.assertGreater(separate, COPIES * array_bytes * 0.9)
@@ -102,8 +106,9 @@ class OrbaxSharingTest(jtu.JaxTestCase):
     model = nnx_shared_linear.Model(nnx.Rngs(0))
     graphdef, state = nnx.split(model)
     path = self._save("nnx", state)
-    restored = nnx.merge(graphdef,
-                         self.checkpointer.restore(path, _abstract(state)))
+    restored = nnx.merge(
+        graphdef, self.checkpointer.restore(path, _abstract(state))
+    )
     self.assertIs(restored.first, restored.last)
     self.assertArraysEqual(restored.first.kernel[...], model.first.kernel[...])
 

@@ -5,7 +5,6 @@ jaxlib 0.10.2, with the interpreter named by JAXLIB_PATCH_STOCK_PYTHON
 (tests/run.sh points it at the venv of the module tests).
 """
 
-
 from absl.testing import absltest
 import numpy as np
 

@@ -24,8 +24,9 @@ def _data():
 def equinox_mlp_step():
   import equinox as eqx
 
-  model = eqx.nn.MLP(in_size=4, out_size=2, width_size=8, depth=2,
-                     key=jax.random.PRNGKey(0))
+  model = eqx.nn.MLP(
+      in_size=4, out_size=2, width_size=8, depth=2, key=jax.random.PRNGKey(0)
+  )
   x, y = _data()
 
   def loss(model, x, y):
@@ -39,8 +40,10 @@ def equinox_mlp_step():
 
   first, model = step(model, x, y)
   second, model = step(model, x, y)
-  return {"losses": [float(first), float(second)],
-          "params": training.as_floats(eqx.filter(model, eqx.is_array))}
+  return {
+      "losses": [float(first), float(second)],
+      "params": training.as_floats(eqx.filter(model, eqx.is_array)),
+  }
 
 
 def nnx_linear_step():
@@ -53,21 +56,29 @@ def nnx_linear_step():
   def step(model, x, y):
     def loss(model):
       return jnp.mean((model(x) - y) ** 2)
+
     value, grads = nnx.value_and_grad(loss)(model)
     params = nnx.state(model, nnx.Param)
-    nnx.update(model, jax.tree.map(lambda p, g: p - LEARNING_RATE * g,
-                                   params, grads))
+    nnx.update(
+        model, jax.tree.map(lambda p, g: p - LEARNING_RATE * g, params, grads)
+    )
     return value
 
   losses = [float(step(model, x, y)), float(step(model, x, y))]
-  return {"losses": losses, "params": training.as_floats(nnx.state(model, nnx.Param))}
+  return {
+      "losses": losses,
+      "params": training.as_floats(nnx.state(model, nnx.Param)),
+  }
 
 
 def run_all():
   from jax._src.lib import pytree
-  return {"pytree_module": pytree.__name__,
-          "equinox_mlp": equinox_mlp_step(),
-          "nnx_linear": nnx_linear_step()}
+
+  return {
+      "pytree_module": pytree.__name__,
+      "equinox_mlp": equinox_mlp_step(),
+      "nnx_linear": nnx_linear_step(),
+  }
 
 
 if __name__ == "__main__":

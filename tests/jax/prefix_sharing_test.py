@@ -28,8 +28,9 @@ class PrefixSharingTest(jtu.JaxTestCase):
   def setUp(self):
     super().setUp()
     self.p = Param(jnp.arange(8.0))
-    self.mesh = jax.make_mesh((8,), ("x",),
-                              axis_types=(jax.sharding.AxisType.Auto,))
+    self.mesh = jax.make_mesh(
+        (8,), ("x",), axis_types=(jax.sharding.AxisType.Auto,)
+    )
     self.split = NamedSharding(self.mesh, P("x"))
     self.whole = NamedSharding(self.mesh, P())
 
@@ -45,26 +46,38 @@ class PrefixSharingTest(jtu.JaxTestCase):
   def test_vmap_in_axes_below_a_spec_leaf(self):
     p = self.p
     e = self.assertConflict(
-        "vmap in_axes", "args[0][0]", "args[1][0]",
-        lambda: jax.vmap(both, in_axes=(0, None))([p], [p]))
+        "vmap in_axes",
+        "args[0][0]",
+        "args[1][0]",
+        lambda: jax.vmap(both, in_axes=(0, None))([p], [p]),
+    )
     self.assertEqual(e.values, (0, None))
-    np.testing.assert_allclose(jax.vmap(both, in_axes=(0, 0))([p], [p]),
-                               2 * p.value)
+    np.testing.assert_allclose(
+        jax.vmap(both, in_axes=(0, 0))([p], [p]), 2 * p.value
+    )
 
   def test_vmap_in_axes_none_first_is_a_sharing_error(self):
     q, r = Param(jnp.ones(2)), Param(jnp.zeros(2))
     self.assertConflict(
-        "vmap in_axes", "args[0][0]", "args[1]['k']",
-        lambda: jax.vmap(lambda a, b: a[0].value,
-                         in_axes=(None, 0))([q, r], {"k": q}))
+        "vmap in_axes",
+        "args[0][0]",
+        "args[1]['k']",
+        lambda: jax.vmap(lambda a, b: a[0].value, in_axes=(None, 0))(
+            [q, r], {"k": q}
+        ),
+    )
 
   def test_vmap_out_axes(self):
     def f(x):
       n = Param(x)
       return [n], [n]
+
     self.assertConflict(
-        "vmap out_axes", "vmap out_axes[0][0]", "vmap out_axes[1][0]",
-        lambda: jax.vmap(f, out_axes=(0, 1))(jnp.ones((3, 2))))
+        "vmap out_axes",
+        "vmap out_axes[0][0]",
+        "vmap out_axes[1][0]",
+        lambda: jax.vmap(f, out_axes=(0, 1))(jnp.ones((3, 2))),
+    )
     out = jax.vmap(f, out_axes=(1, 1))(jnp.ones((3, 2)))
     self.assertIs(out[0][0], out[1][0])
 
@@ -72,55 +85,74 @@ class PrefixSharingTest(jtu.JaxTestCase):
     q, r = Param(jnp.ones(2)), Param(jnp.zeros(2))
     f = lambda a, b: a[0].value + b["k"].value
     self.assertConflict(
-        "donate_argnums/donate_argnames", "args[0][0]", "args[1]['k']",
-        lambda: jax.jit(f, donate_argnums=0)([q, r], {"k": q}))
+        "donate_argnums/donate_argnames",
+        "args[0][0]",
+        "args[1]['k']",
+        lambda: jax.jit(f, donate_argnums=0)([q, r], {"k": q}),
+    )
     self.assertFalse(q.value.is_deleted())
     self.assertConflict(
-        "donate_argnums/donate_argnames", "args[0][0]", "args[1]['k']",
-        lambda: jax.jit(f, donate_argnums=1)([q, r], {"k": q}))
+        "donate_argnums/donate_argnames",
+        "args[0][0]",
+        "args[1]['k']",
+        lambda: jax.jit(f, donate_argnums=1)([q, r], {"k": q}),
+    )
     self.assertFalse(q.value.is_deleted())
     np.testing.assert_allclose(
-        jax.jit(f, donate_argnums=(0, 1))([q, r], {"k": q}), 2.0)
+        jax.jit(f, donate_argnums=(0, 1))([q, r], {"k": q}), 2.0
+    )
 
   def test_jit_in_shardings(self):
     p = self.p
     self.assertConflict(
-        "in_shardings", "args[0][0]", "args[1][0]",
-        lambda: jax.jit(both, in_shardings=(self.split, self.whole))([p], [p]))
+        "in_shardings",
+        "args[0][0]",
+        "args[1][0]",
+        lambda: jax.jit(both, in_shardings=(self.split, self.whole))([p], [p]),
+    )
     np.testing.assert_allclose(
         jax.jit(both, in_shardings=(self.split, self.split))([p], [p]),
-        2 * p.value)
+        2 * p.value,
+    )
 
   def test_jit_out_shardings(self):
     def f(x):
       n = Param(x)
       return [n], [n]
+
     x = jnp.arange(8.0)
     self.assertRaises(
         SharedPrefixError,
-        lambda: jax.jit(f, out_shardings=(self.split, self.whole))(x))
+        lambda: jax.jit(f, out_shardings=(self.split, self.whole))(x),
+    )
     out = jax.jit(f, out_shardings=(self.split, self.split))(x)
     self.assertIs(out[0][0], out[1][0])
 
   def test_device_put(self):
     p = self.p
     self.assertConflict(
-        "device_put", "device_put device[0][0]", "device_put device[1][0]",
-        lambda: jax.device_put(([p], [p]), (self.split, self.whole)))
+        "device_put",
+        "device_put device[0][0]",
+        "device_put device[1][0]",
+        lambda: jax.device_put(([p], [p]), (self.split, self.whole)),
+    )
     a, b = jax.device_put(([p], [p]), (self.split, self.split))
     self.assertIs(a[0], b[0])
 
   def test_with_sharding_constraint(self):
     p = self.p
+
     @jax.jit
     def f(a, b):
       return jax.lax.with_sharding_constraint((a, b), (self.split, self.whole))
+
     self.assertRaises(SharedPrefixError, lambda: f([p], [p]))
 
   def test_shard_map_in_specs(self):
     p = self.p
-    g = jax.shard_map(both, mesh=self.mesh, in_specs=(P("x"), P()),
-                      out_specs=P("x"))
+    g = jax.shard_map(
+        both, mesh=self.mesh, in_specs=(P("x"), P()), out_specs=P("x")
+    )
     with self.assertRaises(SharedPrefixError) as info:
       g([p], [p])
     self.assertIn("shard_map in_specs", str(info.exception))
@@ -129,8 +161,10 @@ class PrefixSharingTest(jtu.JaxTestCase):
     def f(x):
       n = Param(x)
       return [n], [n]
-    g = jax.shard_map(f, mesh=self.mesh, in_specs=P("x"),
-                      out_specs=(P("x"), P()))
+
+    g = jax.shard_map(
+        f, mesh=self.mesh, in_specs=P("x"), out_specs=(P("x"), P())
+    )
     with self.assertRaises(SharedPrefixError) as info:
       g(jnp.arange(8.0))
     self.assertIn("shard_map out_specs", str(info.exception))
@@ -138,8 +172,11 @@ class PrefixSharingTest(jtu.JaxTestCase):
   def test_pmap_in_axes(self):
     p = Param(jnp.ones((8, 2)))
     self.assertConflict(
-        "pmap in_axes", "args[0][0]", "args[1][0]",
-        lambda: jax.pmap(both, in_axes=(0, None))([p], [p]))
+        "pmap in_axes",
+        "args[0][0]",
+        "args[1][0]",
+        lambda: jax.pmap(both, in_axes=(0, None))([p], [p]),
+    )
 
   def test_pmap_flat_in_axes_with_shared_arguments(self):
     # Three arguments, three unique leaves, yet the arguments are not leaves:
@@ -150,8 +187,11 @@ class PrefixSharingTest(jtu.JaxTestCase):
     out = jax.pmap(f, in_axes=(0, 0, (0, None)))(shared, shared, pair)
     np.testing.assert_allclose(out, 2.0)
     self.assertConflict(
-        "pmap in_axes", "args[0]", "args[1]",
-        lambda: jax.pmap(f, in_axes=(0, None, 0))(shared, shared, pair))
+        "pmap in_axes",
+        "args[0]",
+        "args[1]",
+        lambda: jax.pmap(f, in_axes=(0, None, 0))(shared, shared, pair),
+    )
 
   def test_tree_broadcast(self):
     p = self.p
@@ -188,8 +228,10 @@ class SharingMessagesTest(jtu.JaxTestCase):
 
   def test_fori_loop_carry_names_the_carry(self):
     p = Param(jnp.arange(3.0))
+
     def body(i, loop_carry):
       return loop_carry[0], Param(loop_carry[1].value)
+
     with self.assertRaises(TypeError) as info:
       jax.lax.fori_loop(0, 2, body, (p, p))
     message = str(info.exception)
@@ -200,6 +242,7 @@ class SharingMessagesTest(jtu.JaxTestCase):
     def f(x):
       n = Param(x)
       return [n], [n]
+
     with self.assertRaises(SharedPrefixError) as info:
       jax.pmap(f, out_axes=(0, None))(jnp.ones((8, 2)))
     self.assertIn("pmap out_axes", str(info.exception))

@@ -28,10 +28,15 @@ def make_hierarchy():
       super().__init_subclass__(**kwargs)
       tree_util.register_pytree_with_keys(
           cls,
-          lambda m: (tuple((tree_util.GetAttrKey(k), v)
-                           for k, v in sorted(vars(m).items())),
-                     tuple(sorted(vars(m)))),
-          lambda names, values: cls._build(names, values))
+          lambda m: (
+              tuple(
+                  (tree_util.GetAttrKey(k), v)
+                  for k, v in sorted(vars(m).items())
+              ),
+              tuple(sorted(vars(m))),
+          ),
+          lambda names, values: cls._build(names, values),
+      )
 
     @classmethod
     def _build(cls, names, values):
@@ -71,7 +76,7 @@ class PreserveRelativeIdentitiesTest(jtu.JaxTestCase):
     out = jax.tree.map(lambda w: w * 2, model)
     self.assertIs(out.first, out.second)
 
-    class Conv(Module):   # registered after the call
+    class Conv(Module):  # registered after the call
 
       def __init__(self, k):
         self.k = k
@@ -94,8 +99,10 @@ class PreserveRelativeIdentitiesTest(jtu.JaxTestCase):
     for registry in tree_util_internal._identity_registries:
       self.assertTrue(registry.preserves_relative_identities(Linear))
       self.assertTrue(registry.flatten([layer, layer])[1].has_shared_nodes)
-    self.assertNotIn(tree_util_internal.dispatch_registry,
-                     tree_util_internal._identity_registries)
+    self.assertNotIn(
+        tree_util_internal.dispatch_registry,
+        tree_util_internal._identity_registries,
+    )
     leaves, _ = tree_util_internal.dispatch_registry.flatten([layer, layer])
     self.assertEqual(leaves, [1.0, 1.0])
 
@@ -112,8 +119,9 @@ class PreserveRelativeIdentitiesTest(jtu.JaxTestCase):
     self.assertIs(grads.first, grads.second)
     self.assertAllClose(grads.first.w, np.full(3, 3.0))
 
-    out = jax.vmap(lambda m: m)(Model(Linear(jnp.ones((2, 3))),
-                                      Linear(jnp.ones((2, 3)))))
+    out = jax.vmap(lambda m: m)(
+        Model(Linear(jnp.ones((2, 3))), Linear(jnp.ones((2, 3))))
+    )
     self.assertIsNot(out.first, out.second)
     shared_in = Linear(jnp.ones((2, 3)))
     out = jax.vmap(lambda m: m)(Model(shared_in, shared_in))
@@ -142,8 +150,9 @@ class PreserveRelativeIdentitiesTest(jtu.JaxTestCase):
     self.assertIsNot(rebuilt.first, rebuilt.second)
     self.assertEqual(before, jax.tree.structure(Model(Linear(1), Linear(2))))
     # A tree without sharing still hits the cache made before the call.
-    self.assertAllClose(f(Model(Linear(jnp.ones(2)), Linear(jnp.ones(2)))),
-                        np.full(2, 2.0))
+    self.assertAllClose(
+        f(Model(Linear(jnp.ones(2)), Linear(jnp.ones(2)))), np.full(2, 2.0)
+    )
     self.assertLen(traces, 1)
     # The shared tree has a new structure now: one new trace.
     self.assertAllClose(f(model), np.full(2, 2.0))
@@ -167,10 +176,14 @@ class PreserveRelativeIdentitiesTest(jtu.JaxTestCase):
         tree_util.preserve_relative_identities(builtin)
 
   def test_same_api_in_both_modules(self):
-    self.assertIs(tree_util.preserve_relative_identities,
-                  tree_util_internal.preserve_relative_identities)
-    self.assertIs(tree_util.preserves_relative_identities,
-                  tree_util_internal.preserves_relative_identities)
+    self.assertIs(
+        tree_util.preserve_relative_identities,
+        tree_util_internal.preserve_relative_identities,
+    )
+    self.assertIs(
+        tree_util.preserves_relative_identities,
+        tree_util_internal.preserves_relative_identities,
+    )
 
   def test_registries_keep_opted_in_classes_for_gc(self):
     Module, _, _ = make_hierarchy()

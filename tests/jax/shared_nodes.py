@@ -16,9 +16,13 @@ class Child:
   def __init__(self, x):
     self.x = x
 
+
 tree_util.register_pytree_node(
-    Child, lambda c: ((c.x,), None), lambda _, xs: Child(*xs),
-    preserve_relative_identities=True)
+    Child,
+    lambda c: ((c.x,), None),
+    lambda _, xs: Child(*xs),
+    preserve_relative_identities=True,
+)
 
 
 @tree_util.register_pytree_node_class(preserve_relative_identities=True)
@@ -42,4 +46,5 @@ class Parent:
 @dataclasses.dataclass
 class Param:
   """A parameter that a model ties by holding it in several places."""
+
   value: object

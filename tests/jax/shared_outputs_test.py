@@ -53,18 +53,22 @@ class SharedOutputsTest(jtu.JaxTestCase):
     plain = lambda w: jnp.sum((lambda a: (a, a))(w)[0].value * 3.0)
     self.assertAllClose(jax.grad(one)(self.w).value, jnp.array([3.0, 3.0]))
     self.assertAllClose(jax.grad(plain)(self.w).value, jnp.array([3.0, 3.0]))
-    both = lambda w: (jnp.sum(dup(w)[0].value * 3.0)
-                      + jnp.sum(dup(w)[1].value * 5.0))
+    both = lambda w: (
+        jnp.sum(dup(w)[0].value * 3.0) + jnp.sum(dup(w)[1].value * 5.0)
+    )
     self.assertAllClose(jax.grad(both)(self.w).value, jnp.array([8.0, 8.0]))
 
   def test_custom_vjp_bwd_sees_zeros_at_later_occurrences(self):
     seen = []
+
     @jax.custom_vjp
     def f(a):
       return (a, a)
+
     def bwd(_, g):
       seen.append(g)
       return (Param(g[0].value + g[1].value),)
+
     f.defvjp(lambda a: ((a, a), None), bwd)
     jax.grad(lambda w: jnp.sum(f(w)[1].value * 2.0))(self.w)
     (g,) = seen
@@ -73,8 +77,9 @@ class SharedOutputsTest(jtu.JaxTestCase):
     self.assertAllClose(g[1].value, jnp.zeros(2))
 
   def test_custom_jvp_of_a_shared_output(self):
-    out, tangent = jax.jvp(lambda w: dup_jvp(w)[0], (self.w,),
-                           (Param(jnp.ones(2)),))
+    out, tangent = jax.jvp(
+        lambda w: dup_jvp(w)[0], (self.w,), (Param(jnp.ones(2)),)
+    )
     self.assertAllClose(tangent.value, jnp.ones(2))
     grad = jax.grad(lambda w: jnp.sum(dup_jvp(w)[0].value * 3.0))(self.w)
     self.assertAllClose(grad.value, jnp.array([3.0, 3.0]))
@@ -89,13 +94,17 @@ class SharedOutputsTest(jtu.JaxTestCase):
 
   def test_pure_callback_result_must_share_as_its_spec(self):
     spec = Param(jax.ShapeDtypeStruct((3,), jnp.float32))
+
     def unshared(x):
       return Param(np.asarray(x)), Param(np.asarray(x))
+
     def shared(x):
       n = Param(np.asarray(x))
       return n, n
-    call = lambda cb: jax.jit(
-        lambda x: jax.pure_callback(cb, (spec, spec), x))(jnp.arange(3.0))
+
+    call = lambda cb: jax.jit(lambda x: jax.pure_callback(cb, (spec, spec), x))(
+        jnp.arange(3.0)
+    )
     a, b = call(shared)
     self.assertIs(a, b)
     with self.assertRaisesRegex(Exception, "sharing included"):
@@ -105,8 +114,7 @@ class SharedOutputsTest(jtu.JaxTestCase):
     p = Param(jnp.arange(3.0))
     exp = jax.export.export(jax.jit(lambda a, b: a.value + b.value))(p, p)
     self.assertAllClose(exp.call(p, p), 2 * p.value)
-    with self.assertRaisesRegex(ValueError,
-                                "in_tree has shared pytree nodes"):
+    with self.assertRaisesRegex(ValueError, "in_tree has shared pytree nodes"):
       exp.serialize()
 
   def test_tree_transpose_with_a_shared_inner_treedef(self):

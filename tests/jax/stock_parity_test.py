@@ -27,7 +27,8 @@ class Point:
 
 
 tree_util.register_pytree_node(
-    Point, lambda p: ((p.x,), None), lambda _, xs: Point(*xs))
+    Point, lambda p: ((p.x,), None), lambda _, xs: Point(*xs)
+)
 
 
 class IterableLeafWarningTest(jtu.JaxTestCase):
@@ -40,11 +41,15 @@ class IterableLeafWarningTest(jtu.JaxTestCase):
       ("list_iterator", lambda: iter([1])),
   )
   def test_tree_functions_warn(self, make):
-    for fn in (jax.tree.leaves, jax.tree.structure,
-               tree_util.tree_flatten_with_path):
+    for fn in (
+        jax.tree.leaves,
+        jax.tree.structure,
+        tree_util.tree_flatten_with_path,
+    ):
       with self.assertWarnsRegex(
           DeprecationWarning,
-          "Python iterable type '.*' is treated as a leaf in PyTree."):
+          "Python iterable type '.*' is treated as a leaf in PyTree.",
+      ):
         fn([make()])
 
   def test_no_warning_when_is_leaf_claims_it(self):
@@ -52,22 +57,24 @@ class IterableLeafWarningTest(jtu.JaxTestCase):
       warnings.simplefilter("always")
       leaves = jax.tree.leaves(
           {"v": {"a": 1}.values()},
-          is_leaf=lambda x: type(x).__name__ == "dict_values")
+          is_leaf=lambda x: type(x).__name__ == "dict_values",
+      )
     self.assertEmpty(caught)
     self.assertLen(leaves, 1)
 
   def test_no_warning_for_other_leaves(self):
     with warnings.catch_warnings(record=True) as caught:
       warnings.simplefilter("always")
-      jax.tree.leaves([range(3), {1, 2}, "ab", {"a": 1}.keys(),
-                       jax.numpy.ones(2)])
+      jax.tree.leaves(
+          [range(3), {1, 2}, "ab", {"a": 1}.keys(), jax.numpy.ones(2)]
+      )
     self.assertEmpty(caught)
 
 
 class GcReferentsTest(jtu.JaxTestCase):
 
   def test_treedef_referents(self):
-    key = "k" + str(1)   # made at run time: not an interned constant
+    key = "k" + str(1)  # made at run time: not an interned constant
     treedef = jax.tree.structure({key: 1, "j": Point(2)})
     referents = gc.get_referents(treedef)
     self.assertTrue(any(r is key for r in referents))
@@ -111,9 +118,12 @@ class MalformedPickleTest(jtu.JaxTestCase):
   def test_every_malformed_state_is_a_value_error(self):
     registry, leaf = tree_util.default_registry, (0, 0, None, None, 1, 1)
     states = [
-        (registry,), 5, (registry, [leaf], 3),              # wrong shapes
-        (registry, [leaf, (2, 2, None, None, 1, 2)]),       # wrong arities
-        (registry, [leaf, leaf]), (registry, []),
+        (registry,),
+        5,
+        (registry, [leaf], 3),  # wrong shapes
+        (registry, [leaf, (2, 2, None, None, 1, 2)]),  # wrong arities
+        (registry, [leaf, leaf]),
+        (registry, []),
         (registry, [leaf, leaf, (5, 2, ["a"], None, 2, 3)]),
         (registry, [leaf, (5, 1, "a", None, 1, 2)]),
     ]

@@ -25,8 +25,9 @@ def stock_python(needs):
   it must have installed, for the error when the variable is unset."""
   python = os.environ.get(STOCK_PYTHON)
   if not python:
-    raise RuntimeError(f"{STOCK_PYTHON} must name a Python with {needs} "
-                       "installed")
+    raise RuntimeError(
+        f"{STOCK_PYTHON} must name a Python with {needs} " "installed"
+    )
   return python
 
 
@@ -34,8 +35,9 @@ def run_with_stock_jax(script, needs):
   """The JSON that ``script`` prints when run with stock jax; ``needs`` names
   the packages it imports besides jax."""
   python = stock_python(f"stock jax 0.10.2 and {needs}")
-  done = subprocess.run([python, "-E", "-s", script], capture_output=True,
-                        text=True, check=True)
+  done = subprocess.run(
+      [python, "-E", "-s", script], capture_output=True, text=True, check=True
+  )
   return json.loads(done.stdout)
 
 
@@ -52,12 +54,12 @@ class StockReferenceTestCase(jtu.JaxTestCase):
     super().setUpClass()
     cls.stock = run_with_stock_jax(cls.stock_script, cls.stock_needs)
 
-  def assertTrainsLikeStock(self, train, tied, values, values_key,
-                            loss_ratio):
+  def assertTrainsLikeStock(self, train, tied, values, values_key, loss_ratio):
     """``train(after_step=...)`` keeps the tie between the two places
     ``tied(model)`` names after every step, gives the stock run's losses,
     lowers the loss below ``loss_ratio`` times the first, and ends with the
     stock run's numbers (``values(model)`` beside ``stock[values_key]``)."""
+
     def tie_holds(model):
       self.assertIs(*tied(model))
 

@@ -26,5 +26,7 @@ def train(step, state, data, steps, after_step):
 def as_floats(tree):
   """The leaves of `tree` as lists of floats, in leaf order: JSON, for a run
   under stock JAX to hand its numbers back."""
-  return [np.asarray(leaf, np.float64).ravel().tolist()
-          for leaf in jax.tree.leaves(tree)]
+  return [
+      np.asarray(leaf, np.float64).ravel().tolist()
+      for leaf in jax.tree.leaves(tree)
+  ]

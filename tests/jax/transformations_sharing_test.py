@@ -20,6 +20,7 @@ from shared_nodes import Param
 @dataclasses.dataclass
 class Model:
   """Encoder and decoder weights: tied when both hold one Param."""
+
   enc: Param
   dec: Param
   bias: Param
@@ -68,8 +69,9 @@ class AutodiffSharingTest(jtu.JaxTestCase):
     g_untied = grad(loss, untied_model(w, b), x)
     self.assertIs(g_tied.enc, g_tied.dec)
     self.assertLen(jax.tree.leaves(g_tied), 2)  # the tied weight, the bias
-    self.assertAllClose(g_tied.enc.value,
-                        g_untied.enc.value + g_untied.dec.value)
+    self.assertAllClose(
+        g_tied.enc.value, g_untied.enc.value + g_untied.dec.value
+    )
     self.assertAllClose(g_tied.bias.value, g_untied.bias.value)
 
   def test_tied_weights_across_arguments(self):
@@ -86,14 +88,16 @@ class AutodiffSharingTest(jtu.JaxTestCase):
     model = tied_model(w, b)
     tangent = jax.tree.map(jnp.ones_like, model)
     self.assertIs(tangent.enc, tangent.dec)
-    (out, out_dot) = jax.jvp(lambda m: Model(m.dec, m.enc, m.bias),
-                             (model,), (tangent,))
+    out, out_dot = jax.jvp(
+        lambda m: Model(m.dec, m.enc, m.bias), (model,), (tangent,)
+    )
     self.assertIs(out.enc, out.dec)
     self.assertIs(out_dot.enc, out_dot.dec)
     y, y_dot = jax.jvp(lambda m: loss(m, x), (model,), (tangent,))
     untied = untied_model(w, b)
-    y2, y2_dot = jax.jvp(lambda m: loss(m, x), (untied,),
-                         (jax.tree.map(jnp.ones_like, untied),))
+    y2, y2_dot = jax.jvp(
+        lambda m: loss(m, x), (untied,), (jax.tree.map(jnp.ones_like, untied),)
+    )
     self.assertAllClose(y, y2)
     self.assertAllClose(y_dot, y2_dot)
 
@@ -117,8 +121,9 @@ class AutodiffSharingTest(jtu.JaxTestCase):
     # Both: one cotangent for the shared node, the sum over its positions.
     ga, gb = jax.grad(f, argnums=(0, 1))(p, p)
     self.assertIs(ga, gb)
-    self.assertAllClose(ga.value,
-                        jnp.arange(3.0) * (1.0 if none_for_b else 2.0))
+    self.assertAllClose(
+        ga.value, jnp.arange(3.0) * (1.0 if none_for_b else 2.0)
+    )
 
   def test_training_step_keeps_tying(self):
     w, b, x = _inputs()
@@ -151,36 +156,48 @@ class VmapSharingTest(jtu.JaxTestCase):
       ("leaf", 0),
       ("tuple_of_leaf", (0,)),
       ("unshared_tree", (Model(Param(0), Param(0), Param(0)),)),
-      ("shared_tree", (jax.tree.map(lambda _: 0, (lambda p: Model(p, p, Param(1)))(
-          Param(1))),)),
+      (
+          "shared_tree",
+          (
+              jax.tree.map(
+                  lambda _: 0, (lambda p: Model(p, p, Param(1)))(Param(1))
+              ),
+          ),
+      ),
   )
   def test_consistent_in_axes(self, in_axes):
-    f = jax.vmap(lambda m: m.enc.value * m.dec.value + m.bias.value,
-                 in_axes=in_axes)
+    f = jax.vmap(
+        lambda m: m.enc.value * m.dec.value + m.bias.value, in_axes=in_axes
+    )
     self.assertAllClose(f(self.model), jnp.ones((4, 3)))
 
   def test_conflicting_in_axes(self):
     with self.assertRaisesRegex(ValueError, "vmap in_axes.*more than once"):
-      jax.vmap(lambda m: m.enc.value,
-               in_axes=(Model(Param(0), Param(None), Param(0)),))(self.model)
+      jax.vmap(
+          lambda m: m.enc.value,
+          in_axes=(Model(Param(0), Param(None), Param(0)),),
+      )(self.model)
 
   def test_in_axes_across_arguments(self):
     f = lambda a, b: a.value + b.value
-    self.assertAllClose(jax.vmap(f, in_axes=(1, 1))(self.p, self.p),
-                        jnp.full((3, 4), 2.0))
+    self.assertAllClose(
+        jax.vmap(f, in_axes=(1, 1))(self.p, self.p), jnp.full((3, 4), 2.0)
+    )
     with self.assertRaisesRegex(ValueError, "more than once"):
       jax.vmap(f, in_axes=(0, 1))(self.p, self.p)
 
   def test_out_axes(self):
     f = lambda x: (lambda p: Model(p, p, Param(x)))(Param(2 * x))
     out = jax.vmap(f, out_axes=Model(Param(1), Param(1), Param(0)))(
-        jnp.ones((4, 3)))
+        jnp.ones((4, 3))
+    )
     self.assertIs(out.enc, out.dec)
     self.assertEqual(out.enc.value.shape, (3, 4))
     self.assertEqual(out.bias.value.shape, (4, 3))
     with self.assertRaisesRegex(ValueError, "out_axes.*more than once"):
       jax.vmap(f, out_axes=Model(Param(1), Param(0), Param(0)))(
-          jnp.ones((4, 3)))
+          jnp.ones((4, 3))
+      )
 
 
 def _tie(value):
@@ -203,8 +220,10 @@ class ControlFlowSharingTest(jtu.JaxTestCase):
 
   def test_scan_body_breaking_sharing_is_structure_error(self):
     def body(carry, x):
-      return Model(Param(carry.enc.value), Param(carry.dec.value),
-                   carry.bias), None
+      return (
+          Model(Param(carry.enc.value), Param(carry.dec.value), carry.bias),
+          None,
+      )
 
     with self.assertRaisesRegex(TypeError, "sharing"):
       lax.scan(body, _tie(jnp.zeros(2)), jnp.arange(3.0))
@@ -218,9 +237,11 @@ class ControlFlowSharingTest(jtu.JaxTestCase):
     self.assertIs(out.enc, out.dec)
     self.assertAllClose(out.enc.value, jnp.full(2, 5.0))
     with self.assertRaisesRegex(TypeError, "sharing"):
-      lax.while_loop(lambda m: False,
-                     lambda m: Model(Param(m.dec.value), m.enc, m.bias),
-                     _tie(jnp.zeros(2)))
+      lax.while_loop(
+          lambda m: False,
+          lambda m: Model(Param(m.dec.value), m.enc, m.bias),
+          _tie(jnp.zeros(2)),
+      )
 
   @parameterized.parameters(False, True)
   def test_fori_loop_carries_dag(self, jit):
@@ -236,12 +257,17 @@ class ControlFlowSharingTest(jtu.JaxTestCase):
   def test_cond_carries_dag(self):
     model = _tie(jnp.ones(2))
     for pred in (True, False):
-      out = lax.cond(pred, lambda m: m,
-                     lambda m: Model(m.dec, m.enc, m.bias), model)
+      out = lax.cond(
+          pred, lambda m: m, lambda m: Model(m.dec, m.enc, m.bias), model
+      )
       self.assertIs(out.enc, out.dec)
     with self.assertRaisesRegex(TypeError, "sharing"):
-      lax.cond(True, lambda m: m,
-               lambda m: Model(Param(m.dec.value), m.enc, m.bias), model)
+      lax.cond(
+          True,
+          lambda m: m,
+          lambda m: Model(Param(m.dec.value), m.enc, m.bias),
+          model,
+      )
 
   def test_grad_through_scan_of_tied_weights(self):
     w, b, x = _inputs()
@@ -249,13 +275,15 @@ class ControlFlowSharingTest(jtu.JaxTestCase):
     def total(model):
       def body(c, xi):
         return c + loss(model, xi[None]), None
+
       return lax.scan(body, jnp.float32(0.0), x)[0]
 
     g_tied = jax.grad(total)(tied_model(w, b))
     g_untied = jax.grad(total)(untied_model(w, b))
     self.assertIs(g_tied.enc, g_tied.dec)
-    self.assertAllClose(g_tied.enc.value,
-                        g_untied.enc.value + g_untied.dec.value)
+    self.assertAllClose(
+        g_tied.enc.value, g_untied.enc.value + g_untied.dec.value
+    )
 
 
 if __name__ == "__main__":

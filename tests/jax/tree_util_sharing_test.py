@@ -25,12 +25,16 @@ class KeyedNode:
     self.a = a
     self.b = b
 
+
 tree_util.register_pytree_with_keys(
     KeyedNode,
-    lambda n: (((tree_util.GetAttrKey("a"), n.a),
-                (tree_util.GetAttrKey("b"), n.b)), None),
+    lambda n: (
+        ((tree_util.GetAttrKey("a"), n.a), (tree_util.GetAttrKey("b"), n.b)),
+        None,
+    ),
     lambda _, ch: KeyedNode(*ch),
-    preserve_relative_identities=True)
+    preserve_relative_identities=True,
+)
 
 
 @tree_util.register_pytree_with_keys_class(preserve_relative_identities=True)
@@ -52,6 +56,7 @@ class KeyedClass:
 @dataclasses.dataclass
 class Pair:
   """A classic (not opted-in) dataclass node."""
+
   first: object
   second: object
 
@@ -85,26 +90,38 @@ def _shared_instances():
 
 _REGISTRATIONS = {
     "register_pytree_node": lambda cls, flag: tree_util.register_pytree_node(
-        cls, lambda o: ((), None), lambda _, __: cls(),
-        preserve_relative_identities=flag),
+        cls,
+        lambda o: ((), None),
+        lambda _, __: cls(),
+        preserve_relative_identities=flag,
+    ),
     "register_pytree_node_class": (
         lambda cls, flag: tree_util.register_pytree_node_class(
-            preserve_relative_identities=flag)(cls)),
+            preserve_relative_identities=flag
+        )(cls)
+    ),
     "register_pytree_with_keys": (
         lambda cls, flag: tree_util.register_pytree_with_keys(
-            cls, lambda o: ((), None), lambda _, __: cls(),
-            preserve_relative_identities=flag)),
+            cls,
+            lambda o: ((), None),
+            lambda _, __: cls(),
+            preserve_relative_identities=flag,
+        )
+    ),
     "register_pytree_with_keys_class": (
         lambda cls, flag: tree_util.register_pytree_with_keys_class(
-            cls, preserve_relative_identities=flag)),
+            cls, preserve_relative_identities=flag
+        )
+    ),
     "register_dataclass": lambda cls, flag: tree_util.register_dataclass(
-        cls, data_fields=[], meta_fields=[],
-        preserve_relative_identities=flag),
+        cls, data_fields=[], meta_fields=[], preserve_relative_identities=flag
+    ),
 }
 
 
 def _fresh_class():
   class Fresh:
+
     def tree_flatten(self):
       return (), None
 
@@ -114,13 +131,13 @@ def _fresh_class():
     @classmethod
     def tree_unflatten(cls, aux, children):
       return cls()
+
   return Fresh
 
 
 class RegistrationTest(jtu.JaxTestCase):
 
-  @parameterized.named_parameters(
-      (name, name) for name in _REGISTRATIONS)
+  @parameterized.named_parameters((name, name) for name in _REGISTRATIONS)
   def test_flag_is_keyword_only_bool(self, api):
     for bad in (1, 0, None, "yes", np.bool_(True)):
       cls = _fresh_class()
@@ -129,8 +146,7 @@ class RegistrationTest(jtu.JaxTestCase):
       # A rejected registration registers nothing.
       self.assertFalse(tree_util.is_tree_node(cls))
 
-  @parameterized.named_parameters(
-      (name, name) for name in _REGISTRATIONS)
+  @parameterized.named_parameters((name, name) for name in _REGISTRATIONS)
   def test_flag_true_shares_and_false_does_not(self, api):
     for flag in (True, False):
       cls = _fresh_class()
@@ -141,7 +157,8 @@ class RegistrationTest(jtu.JaxTestCase):
       self.assertIsNot(out[0], obj)
       self.assertEqual(out[0] is out[1], flag)
       self.assertEqual(
-          treedef == tree_util.tree_structure([cls(), cls()]), not flag)
+          treedef == tree_util.tree_structure([cls(), cls()]), not flag
+      )
 
   def test_flag_defaults_to_false(self):
     node = PlainNode(np.float32(1.0))
@@ -151,7 +168,8 @@ class RegistrationTest(jtu.JaxTestCase):
     self.assertIsNot(out[0], out[1])
 
   @parameterized.named_parameters(
-      (name, obj) for name, obj in _shared_instances())
+      (name, obj) for name, obj in _shared_instances()
+  )
   def test_each_registration_api_shares(self, obj):
     leaves, treedef = tree_util.tree_flatten((obj, [obj]))
     self.assertLen(leaves, 1)
@@ -163,6 +181,7 @@ class RegistrationTest(jtu.JaxTestCase):
   def test_decorator_forms_return_the_class(self):
     @tree_util.register_pytree_node_class
     class Bare:
+
       def tree_flatten(self):
         return (), None
 
@@ -172,6 +191,7 @@ class RegistrationTest(jtu.JaxTestCase):
 
     @tree_util.register_pytree_node_class()
     class Called:
+
       def tree_flatten(self):
         return (), None
 
@@ -184,8 +204,9 @@ class RegistrationTest(jtu.JaxTestCase):
     class BareDataclass:
       x: int
 
-    self.assertTrue(all(isinstance(c, type)
-                        for c in (Bare, Called, BareDataclass)))
+    self.assertTrue(
+        all(isinstance(c, type) for c in (Bare, Called, BareDataclass))
+    )
     for cls in (Bare, Called):
       obj = cls()
       out = tree_util.tree_map(lambda x: x, [obj, obj])
@@ -193,11 +214,15 @@ class RegistrationTest(jtu.JaxTestCase):
 
   def test_stock_dispatch_registry_stays_stock(self):
     from jaxlib._jax import pytree as stock_pytree  # pylint: disable=g-import-not-at-top
-    self.assertIsInstance(tree_util_internal.dispatch_registry,
-                          stock_pytree.PyTreeRegistry)
-    for registry in (tree_util_internal.default_registry,
-                     tree_util_internal.none_leaf_registry,
-                     tree_util_internal.tracing_registry):
+
+    self.assertIsInstance(
+        tree_util_internal.dispatch_registry, stock_pytree.PyTreeRegistry
+    )
+    for registry in (
+        tree_util_internal.default_registry,
+        tree_util_internal.none_leaf_registry,
+        tree_util_internal.tracing_registry,
+    ):
       self.assertNotIsInstance(registry, stock_pytree.PyTreeRegistry)
     # Opted-in classes are plain nodes to the stock registry.
     c = Child(1.0)
@@ -222,8 +247,9 @@ class TreeOpsTest(jtu.JaxTestCase):
     child = Child(1.0)
     parent = Parent(child, child)
     other_child = Child(10.0)
-    out = jax.tree.map(lambda a, b: a + b, parent,
-                       Parent(other_child, other_child))
+    out = jax.tree.map(
+        lambda a, b: a + b, parent, Parent(other_child, other_child)
+    )
     self.assertIs(out.left, out.right)
     self.assertEqual(out.left.x, 11.0)
     with self.assertRaisesRegex(ValueError, "shar"):
@@ -238,10 +264,13 @@ class TreeOpsTest(jtu.JaxTestCase):
     td_shared = jax.tree.structure(shared)
     td_unshared = jax.tree.structure(unshared)
     self.assertNotEqual(td_shared, td_unshared)
-    self.assertEqual(td_shared, jax.tree.structure(
-        (lambda c: Parent(c, c))(Child(2.0))))
-    self.assertEqual(hash(td_shared), hash(jax.tree.structure(
-        (lambda c: Parent(c, c))(Child(2.0)))))
+    self.assertEqual(
+        td_shared, jax.tree.structure((lambda c: Parent(c, c))(Child(2.0)))
+    )
+    self.assertEqual(
+        hash(td_shared),
+        hash(jax.tree.structure((lambda c: Parent(c, c))(Child(2.0)))),
+    )
     self.assertEqual(td_shared.num_leaves, 1)
     self.assertIn("#1=", repr(td_shared))
     self.assertIn("#1#", repr(td_shared))
@@ -260,16 +289,16 @@ class TreeOpsTest(jtu.JaxTestCase):
     paths = [tree_util.keystr(path) for path, _ in paths_and_leaves]
     self.assertEqual(paths, ["['a'][0].value", "['a'][1]", "['c'].b"])
     self.assertEqual(treedef, jax.tree.structure(tree))
-    out = jax.tree.map_with_path(lambda path, x: tree_util.keystr(path),
-                                 tree)
+    out = jax.tree.map_with_path(lambda path, x: tree_util.keystr(path), tree)
     self.assertIs(out["a"][0], out["b"])
     self.assertIs(out["b"], out["c"].a)
     self.assertEqual(out["b"].value, "['a'][0].value")
 
   def test_is_leaf_wins(self):
     child = Child(1.0)
-    leaves = jax.tree.leaves([child, child],
-                             is_leaf=lambda x: isinstance(x, Child))
+    leaves = jax.tree.leaves(
+        [child, child], is_leaf=lambda x: isinstance(x, Child)
+    )
     self.assertEqual(leaves, [child, child])
 
   def test_cycle_is_value_error_naming_type(self):

@@ -65,6 +65,7 @@ class RunnerError(Exception):
 @dataclass
 class Outcome:
   """One test's result: passed, failed, error or skipped, and why."""
+
   status: str
   message: str = ""
 
@@ -72,6 +73,7 @@ class Outcome:
 @dataclass
 class SideResult:
   """One file's run on one side."""
+
   outcomes: dict[str, Outcome] = field(default_factory=dict)
   note: str = ""  # why the run produced no report, when it did not
 
@@ -81,8 +83,10 @@ class SideResult:
   def counts(self) -> str:
     if self.note:
       return self.note
-    return (f"{self.count('passed')} / {self.count('failed', 'error')} / "
-            f"{self.count('skipped')}")
+    return (
+        f"{self.count('passed')} / {self.count('failed', 'error')} / "
+        f"{self.count('skipped')}"
+    )
 
 
 def first_line(text: str) -> str:
@@ -127,8 +131,9 @@ def pip_install(venv_dir: Path, *args: str) -> None:
 def newest_wheel(dist: Path, pattern: str) -> Path:
   wheels = sorted(dist.glob(pattern), key=lambda p: p.stat().st_mtime)
   if not wheels:
-    raise RunnerError(f"no {pattern} in {dist}: run `python build/build.py` "
-                      "first")
+    raise RunnerError(
+        f"no {pattern} in {dist}: run `python build/build.py` " "first"
+    )
   return wheels[-1]
 
 
@@ -136,8 +141,10 @@ def prepare_venvs(args) -> dict[str, Path]:
   """Create the two environments when missing; the custom wheels every run."""
   requirements = args.checkout / "build" / "test-requirements.txt"
   if not requirements.is_file():
-    raise RunnerError(f"{requirements} is missing: the checkout must hold "
-                      "jax's build/test-requirements.txt")
+    raise RunnerError(
+        f"{requirements} is missing: the checkout must hold "
+        "jax's build/test-requirements.txt"
+    )
   venvs = {"stock": args.stock_venv, "ours": args.ours_venv}
   for side, venv_dir in venvs.items():
     if venv_python(venv_dir).exists():
@@ -150,39 +157,65 @@ def prepare_venvs(args) -> dict[str, Path]:
   jax_wheel = newest_wheel(args.dist, "jax-*+*-py3-none-any.whl")
   # build.py may write one jaxlib wheel per Python: take the venv's.
   tag = subprocess.run(
-      [str(venv_python(venvs["ours"])), "-c",
-       "import sys; print(f'cp{sys.version_info[0]}{sys.version_info[1]}')"],
-      capture_output=True, text=True, check=True).stdout.strip()
+      [
+          str(venv_python(venvs["ours"])),
+          "-c",
+          "import sys; print(f'cp{sys.version_info[0]}{sys.version_info[1]}')",
+      ],
+      capture_output=True,
+      text=True,
+      check=True,
+  ).stdout.strip()
   jaxlib_wheel = newest_wheel(args.dist, f"jaxlib-*+*-{tag}-{tag}-*.whl")
   print(f"custom wheels: {jax_wheel.name}, {jaxlib_wheel.name}", flush=True)
   # They replace stock jax and jaxlib; every dependency stays as on stock.
-  pip_install(venvs["ours"], "--force-reinstall", "--no-deps",
-              str(jax_wheel), str(jaxlib_wheel))
+  pip_install(
+      venvs["ours"],
+      "--force-reinstall",
+      "--no-deps",
+      str(jax_wheel),
+      str(jaxlib_wheel),
+  )
   return venvs
 
 
-def run_side(args, side: str, venv_dir: Path, test_path: Path,
-             stem: str) -> SideResult:
+def run_side(
+    args, side: str, venv_dir: Path, test_path: Path, stem: str
+) -> SideResult:
   """Run one test file on one side; its junit xml and log land in OUT."""
   junit = args.out / f"{stem}.{side}.xml"
   log = args.out / f"{stem}.{side}.log"
   junit.unlink(missing_ok=True)
-  cmd = [str(venv_python(venv_dir)), "-P", "-m", "pytest",
-         "-p", "no:cacheprovider", "-p", "jaxlib_alias",
-         f"--rootdir={args.checkout}",
-         f"--confcutdir={args.checkout}",
-         "-c", str(args.checkout / "pyproject.toml"),
-         f"--junitxml={junit}", "-o", "junit_family=xunit1", "-q"]
+  cmd = [
+      str(venv_python(venv_dir)),
+      "-P",
+      "-m",
+      "pytest",
+      "-p",
+      "no:cacheprovider",
+      "-p",
+      "jaxlib_alias",
+      f"--rootdir={args.checkout}",
+      f"--confcutdir={args.checkout}",
+      "-c",
+      str(args.checkout / "pyproject.toml"),
+      f"--junitxml={junit}",
+      "-o",
+      "junit_family=xunit1",
+      "-q",
+  ]
   if args.jobs != "0":
     cmd += ["-n", args.jobs]
   cmd.append(str(test_path))
-  env = dict(os.environ,
-             PYTHONPATH=str(HERE),
-             UPSTREAM_PYTREE_MODULE=PYTREE_MODULE[side],
-             JAX_PLATFORMS="cpu",
-             # jax's own flag for virtual CPU devices; the multi-device files
-             # (pjit, shard_map, export) ask for 8 and skip tests without them.
-             JAX_NUM_CPU_DEVICES="8")
+  env = dict(
+      os.environ,
+      PYTHONPATH=str(HERE),
+      UPSTREAM_PYTREE_MODULE=PYTREE_MODULE[side],
+      JAX_PLATFORMS="cpu",
+      # jax's own flag for virtual CPU devices; the multi-device files
+      # (pjit, shard_map, export) ask for 8 and skip tests without them.
+      JAX_NUM_CPU_DEVICES="8",
+  )
   env.pop("XLA_FLAGS", None)
   started = time.monotonic()
   with open(log, "w") as log_file:
@@ -190,16 +223,24 @@ def run_side(args, side: str, venv_dir: Path, test_path: Path,
     # must not shadow the installed packages under test (with -P and pytest's
     # importlib import mode, nothing of it lands on sys.path).
     try:
-      subprocess.run(cmd, cwd=args.out, env=env, stdout=log_file,
-                     stderr=subprocess.STDOUT, timeout=args.timeout)
+      subprocess.run(
+          cmd,
+          cwd=args.out,
+          env=env,
+          stdout=log_file,
+          stderr=subprocess.STDOUT,
+          timeout=args.timeout,
+      )
     except subprocess.TimeoutExpired:
       return SideResult(note=f"timed out after {args.timeout}s")
   minutes = (time.monotonic() - started) / 60
   if not junit.exists():
     return SideResult(note=f"no report (see {log.name})")
   result = SideResult(outcomes=read_junit(junit))
-  print(f"  {side}: {result.counts()} pass/fail/skip in {minutes:.1f} min",
-        flush=True)
+  print(
+      f"  {side}: {result.counts()} pass/fail/skip in {minutes:.1f} min",
+      flush=True,
+  )
   return result
 
 
@@ -217,32 +258,50 @@ def regressions(stock: SideResult, ours: SideResult) -> list[tuple[str, str]]:
   return found
 
 
-def file_report(stem: str, rel_path: str, results: dict[str, SideResult],
-                lost: list[tuple[str, str]]) -> str:
-  lines = [f"# {rel_path}", "",
-           f"- stock pass/fail/skip: {results['stock'].counts()}",
-           f"- ours pass/fail/skip: {results['ours'].counts()}",
-           f"- pass on stock, not on ours: {len(lost)}", ""]
+def file_report(
+    stem: str,
+    rel_path: str,
+    results: dict[str, SideResult],
+    lost: list[tuple[str, str]],
+) -> str:
+  lines = [
+      f"# {rel_path}",
+      "",
+      f"- stock pass/fail/skip: {results['stock'].counts()}",
+      f"- ours pass/fail/skip: {results['ours'].counts()}",
+      f"- pass on stock, not on ours: {len(lost)}",
+      "",
+  ]
   lines += [f"- `{test_id}`: {why}" for test_id, why in lost]
-  stock_failures = [(t, o.message) for t, o in results["stock"].outcomes.items()
-                    if o.status in ("failed", "error")]
+  stock_failures = [
+      (t, o.message)
+      for t, o in results["stock"].outcomes.items()
+      if o.status in ("failed", "error")
+  ]
   if stock_failures:
     lines += ["", "Failing on stock too:", ""]
     lines += [f"- `{test_id}`: {why}" for test_id, why in stock_failures]
   return "\n".join(lines) + "\n"
 
 
-def summary_row(rel_path: str, results: dict[str, SideResult],
-                lost: list) -> str:
-  return (f"| {rel_path} | {results['stock'].counts()} | "
-          f"{results['ours'].counts()} | {len(lost)} |")
+def summary_row(
+    rel_path: str, results: dict[str, SideResult], lost: list
+) -> str:
+  return (
+      f"| {rel_path} | {results['stock'].counts()} | "
+      f"{results['ours'].counts()} | {len(lost)} |"
+  )
 
 
 def write_summary(out: Path, rows: dict[str, str]) -> None:
-  header = ["| file | stock pass / fail / skip | ours pass / fail / skip | "
-            "pass on stock, not on ours |", "|---|---|---|---|"]
-  (out / "summary.md").write_text("\n".join(header + list(rows.values()))
-                                  + "\n")
+  header = [
+      "| file | stock pass / fail / skip | ours pass / fail / skip | "
+      "pass on stock, not on ours |",
+      "|---|---|---|---|",
+  ]
+  (out / "summary.md").write_text(
+      "\n".join(header + list(rows.values())) + "\n"
+  )
 
 
 def read_summary(out: Path) -> dict[str, str]:
@@ -271,24 +330,45 @@ def resolve_files(checkout: Path, names: list[str]) -> list[tuple[str, str]]:
 
 def parse_args(argv):
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument("checkout", type=Path,
-                      help="jax source tree at tag jax-v0.10.2")
-  parser.add_argument("--files", default=",".join(DEFAULT_FILES),
-                      help="comma-separated names (api_test, pytree_test, "
-                           "...) or paths relative to the checkout "
-                           "(default: the twelve files of issue 8)")
-  parser.add_argument("--stock-venv", type=Path,
-                      default=REPO / ".venv-upstream-stock")
-  parser.add_argument("--ours-venv", type=Path,
-                      default=REPO / ".venv-upstream-ours")
-  parser.add_argument("--dist", type=Path, default=REPO / "dist",
-                      help="where build/build.py wrote the custom wheels")
-  parser.add_argument("--out", type=Path, default=REPO / "build" / "upstream",
-                      help="folder for the reports, junit xml and logs")
-  parser.add_argument("--jobs", default="auto",
-                      help="pytest-xdist workers per run ('0': no xdist)")
-  parser.add_argument("--timeout", type=int, default=None,
-                      help="seconds one pytest run may take")
+  parser.add_argument(
+      "checkout", type=Path, help="jax source tree at tag jax-v0.10.2"
+  )
+  parser.add_argument(
+      "--files",
+      default=",".join(DEFAULT_FILES),
+      help="comma-separated names (api_test, pytree_test, "
+      "...) or paths relative to the checkout "
+      "(default: the twelve files of issue 8)",
+  )
+  parser.add_argument(
+      "--stock-venv", type=Path, default=REPO / ".venv-upstream-stock"
+  )
+  parser.add_argument(
+      "--ours-venv", type=Path, default=REPO / ".venv-upstream-ours"
+  )
+  parser.add_argument(
+      "--dist",
+      type=Path,
+      default=REPO / "dist",
+      help="where build/build.py wrote the custom wheels",
+  )
+  parser.add_argument(
+      "--out",
+      type=Path,
+      default=REPO / "build" / "upstream",
+      help="folder for the reports, junit xml and logs",
+  )
+  parser.add_argument(
+      "--jobs",
+      default="auto",
+      help="pytest-xdist workers per run ('0': no xdist)",
+  )
+  parser.add_argument(
+      "--timeout",
+      type=int,
+      default=None,
+      help="seconds one pytest run may take",
+  )
   args = parser.parse_args(argv)
   args.checkout = args.checkout.resolve()
   args.out = args.out.resolve()
@@ -298,8 +378,9 @@ def parse_args(argv):
 def main(argv=None) -> int:
   args = parse_args(argv)
   try:
-    files = resolve_files(args.checkout,
-                          [n for n in args.files.split(",") if n])
+    files = resolve_files(
+        args.checkout, [n for n in args.files.split(",") if n]
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     venvs = prepare_venvs(args)
   except RunnerError as e:
@@ -309,9 +390,10 @@ def main(argv=None) -> int:
   total_lost = 0
   for stem, rel_path in files:
     print(f"{rel_path}", flush=True)
-    results = {side: run_side(args, side, venvs[side],
-                              args.checkout / rel_path, stem)
-               for side in SIDES}
+    results = {
+        side: run_side(args, side, venvs[side], args.checkout / rel_path, stem)
+        for side in SIDES
+    }
     lost = regressions(results["stock"], results["ours"])
     total_lost += len(lost)
     report = file_report(stem, rel_path, results, lost)
