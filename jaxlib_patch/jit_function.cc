@@ -140,15 +140,6 @@ bool IsStaticPosition(const std::vector<Py_ssize_t>& static_argnums,
   return false;
 }
 
-bool IsStaticName(const JitFunctionObject* self, PyObject* name) {
-  return IsStaticName(self->static_argnames.ptr(), name);
-}
-
-bool IsStaticPosition(const JitFunctionObject* self, Py_ssize_t i,
-                      Py_ssize_t nargs) {
-  return IsStaticPosition(self->static_argnums, i, nargs);
-}
-
 // `static_argnames` as the tuple IsStaticName searches, interned so that the
 // call's keyword names (interned by CPython) mostly match by identity.
 nb::tuple StaticArgnamesTuple(std::vector<nb::str> static_argnames) {
@@ -230,7 +221,7 @@ nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
   nb::object dynamic_args = call_args;
   if (!self->static_argnums.empty() && nargs > 0) {
     for (Py_ssize_t i = 0; i < nargs; ++i) {
-      if (IsStaticPosition(self, i, nargs)) {
+      if (IsStaticPosition(self->static_argnums, i, nargs)) {
         dispatch_args[num_dispatch_args++] = args[i];
       }
     }
@@ -239,7 +230,7 @@ nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
       if (!dynamic_args.is_valid()) throw nb::python_error();
       Py_ssize_t next = 0;
       for (Py_ssize_t i = 0; i < nargs; ++i) {
-        if (!IsStaticPosition(self, i, nargs)) {
+        if (!IsStaticPosition(self->static_argnums, i, nargs)) {
           PyTuple_SET_ITEM(dynamic_args.ptr(), next++, Py_NewRef(args[i]));
         }
       }
@@ -250,7 +241,8 @@ nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
   if (nkwargs > 0 && PyTuple_GET_SIZE(self->static_argnames.ptr()) > 0) {
     Py_ssize_t num_static_kwargs = 0;
     for (Py_ssize_t k = 0; k < nkwargs; ++k) {
-      num_static_kwargs += IsStaticName(self, PyTuple_GET_ITEM(kwnames, k));
+      num_static_kwargs += IsStaticName(self->static_argnames.ptr(),
+                                        PyTuple_GET_ITEM(kwnames, k));
     }
     if (num_static_kwargs > 0) {
       nb::dict dynamic;
@@ -259,7 +251,7 @@ nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
       Py_ssize_t next = 0;
       for (Py_ssize_t k = 0; k < nkwargs; ++k) {
         PyObject* name = PyTuple_GET_ITEM(kwnames, k);
-        if (IsStaticName(self, name)) {
+        if (IsStaticName(self->static_argnames.ptr(), name)) {
           PyTuple_SET_ITEM(static_kwnames.ptr(), next++, Py_NewRef(name));
           dispatch_args[num_dispatch_args++] = args[nargs + k];
         } else if (PyDict_SetItem(dynamic.ptr(), name, args[nargs + k]) < 0) {
