@@ -347,29 +347,32 @@ class Flattener {
 }  // namespace
 
 template <bool kWithPath>
-std::pair<nb::list, nb::object> PyTreeDef::Flatten(
+PyTreeDef PyTreeDef::FlattenUnwrapped(
     nb::handle registry, nb::handle tree,
-    const std::optional<nb::callable>& leaf_predicate) {
-  PyTreeRegistry* registry_ptr = nb::cast<PyTreeRegistry*>(registry);
-  PyTreeDef treedef(registry_ptr, nb::borrow(registry));
-  nb::list leaves;
-  Flattener<kWithPath>(*registry_ptr, leaf_predicate, treedef.traversal_,
-                       leaves)
-      .Flatten(tree);
-  return {std::move(leaves), WrapTreeDef(std::move(treedef))};
-}
-
-PyTreeDef PyTreeDef::FlattenUnwrapped(nb::handle registry, nb::handle tree,
-                                      nb::list& leaves,
-                                      size_t expected_num_nodes) {
+    const std::optional<nb::callable>& leaf_predicate, nb::list& leaves,
+    size_t expected_num_nodes) {
   PyTreeRegistry* registry_ptr = nb::cast<PyTreeRegistry*>(registry);
   PyTreeDef treedef(registry_ptr, nb::borrow(registry));
   treedef.traversal_.reserve(expected_num_nodes);
-  static const std::optional<nb::callable> no_predicate;
-  Flattener<false>(*registry_ptr, no_predicate, treedef.traversal_, leaves)
+  Flattener<kWithPath>(*registry_ptr, leaf_predicate, treedef.traversal_,
+                       leaves)
       .Flatten(tree);
   return treedef;
 }
+
+template <bool kWithPath>
+std::pair<nb::list, nb::object> PyTreeDef::Flatten(
+    nb::handle registry, nb::handle tree,
+    const std::optional<nb::callable>& leaf_predicate) {
+  nb::list leaves;
+  PyTreeDef treedef =
+      FlattenUnwrapped<kWithPath>(registry, tree, leaf_predicate, leaves, 0);
+  return {std::move(leaves), WrapTreeDef(std::move(treedef))};
+}
+
+template PyTreeDef PyTreeDef::FlattenUnwrapped<false>(
+    nb::handle, nb::handle, const std::optional<nb::callable>&, nb::list&,
+    size_t);
 
 template std::pair<nb::list, nb::object> PyTreeDef::Flatten<false>(
     nb::handle, nb::handle, const std::optional<nb::callable>&);

@@ -206,12 +206,14 @@ class PyTreeDef {
   static std::pair<nb::list, nb::object> Flatten(
       nb::handle registry, nb::handle tree,
       const std::optional<nb::callable>& leaf_predicate);
-  // The same without kWithPath, with the treedef left unwrapped (jit's
-  // dispatch may reuse an equal one it wrapped before) and room made for
-  // `expected_num_nodes` nodes up front.
-  static PyTreeDef FlattenUnwrapped(nb::handle registry, nb::handle tree,
-                                    nb::list& leaves,
-                                    size_t expected_num_nodes);
+  // The same with the treedef left unwrapped (jit's dispatch may reuse an
+  // equal one it wrapped before) and room made for `expected_num_nodes`
+  // nodes up front; Flatten is this, wrapped.
+  template <bool kWithPath>
+  static PyTreeDef FlattenUnwrapped(
+      nb::handle registry, nb::handle tree,
+      const std::optional<nb::callable>& leaf_predicate, nb::list& leaves,
+      size_t expected_num_nodes);
 
   // --- flatten_up_to.cc
   nb::list FlattenUpTo(nb::handle tree) const;
