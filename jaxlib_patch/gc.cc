@@ -125,8 +125,10 @@ int JitFunctionTraverse(PyObject* self, visitproc visit, void* arg) {
   Py_VISIT(Py_TYPE(self));
   Py_VISIT(o->dict);
   Py_VISIT(o->fun.ptr());
+  Py_VISIT(o->make_dispatch.ptr());
   Py_VISIT(o->dispatch.ptr());
   Py_VISIT(o->registry.ptr());
+  Py_VISIT(o->leaf_dispatch.ptr());
   Py_VISIT(o->static_argnames.ptr());
   Py_VISIT(o->last_treedef.ptr());
   return 0;
@@ -136,8 +138,10 @@ int JitFunctionClear(PyObject* self) {
   auto* o = reinterpret_cast<JitFunctionObject*>(self);
   Py_CLEAR(o->dict);
   o->fun.reset();
+  o->make_dispatch.reset();
   o->dispatch.reset();
   o->registry.reset();
+  o->leaf_dispatch.reset();
   o->static_argnames.reset();
   o->last_treedef.reset();
   return 0;

@@ -12,18 +12,6 @@
 
 namespace jaxlib_patch {
 
-// Hashes an object by address for the robin_maps keyed by PyObject*. Those
-// maps pick a bucket from the hash's low bits, and std::hash of a pointer is
-// the address itself, whose low 4 bits are always 0 (CPython aligns objects
-// to 16 bytes): most buckets would stay empty and the probes grow long.
-// Multiplying spreads every address bit into the high half, folded back down.
-struct PointerHash {
-  size_t operator()(const PyObject* obj) const {
-    const uint64_t mixed = reinterpret_cast<uintptr_t>(obj) * kGoldenRatio;
-    return static_cast<size_t>(mixed ^ (mixed >> 32));
-  }
-};
-
 // Maps the opted-in objects met during one operation to the traversal index
 // of their first occurrence. The objects are kept alive until the operation
 // ends: a flatten function may hand out fresh objects, and if one died

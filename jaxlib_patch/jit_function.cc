@@ -6,7 +6,12 @@
 // stands in front of it: a call splits off the static arguments, flattens the
 // dynamic ones once, as `(args, kwargs)`, with the tracing registry (one
 // identity scope), and calls the dispatch with one `DispatchArgs` followed by
-// the static arguments, all in C++ (no Python frame). Its `repr`, descriptor
+// the static arguments, all in C++ (no Python frame). A call whose dynamic
+// arguments are all positional leaves (`f(x)` on arrays, the common call) has
+// nothing that could be shared: it goes as it is to a second stock dispatch,
+// built with the user's own static arguments, so that it costs what stock's
+// call costs. Which of the two a call takes is fixed by its signature, so
+// each signature is cached in one of them only. Its `repr`, descriptor
 // binding, weak references, `__dict__` and `__signature__` are those of the
 // stock `PjitFunction`, so that the rest of JAX and its users see no
 // difference; `lower`, `trace`, `eval_shape` and `clear_cache` are set on the
@@ -18,6 +23,7 @@
 #include <cstddef>
 #include <exception>
 #include <new>
+#include <optional>
 #include <vector>
 
 #include "jaxlib_patch/jit_function.h"
@@ -185,12 +191,67 @@ nb::tuple SplitStaticArgs(nb::tuple args, nb::dict kwargs,
                         as_tuple(static_args), static_kwargs);
 }
 
-nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
-                           Py_ssize_t nargs, PyObject* kwnames) {
-  if (!self->dispatch.is_valid()) {
+// Whether every dynamic argument of a call is positional and a leaf of the
+// tracing registry: then the call is one the leaf dispatch takes as it is.
+bool DynamicArgsArePositionalLeaves(const JitFunctionObject* self,
+                                    PyObject* const* args, Py_ssize_t nargs,
+                                    PyObject* kwnames) {
+  const Py_ssize_t nkwargs = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  for (Py_ssize_t k = 0; k < nkwargs; ++k) {
+    if (!IsStaticName(self->static_argnames.ptr(),
+                      PyTuple_GET_ITEM(kwnames, k))) {
+      return false;
+    }
+  }
+  const PyTreeRegistry& registry =
+      *nb::inst_ptr<PyTreeRegistry>(self->registry);
+  for (Py_ssize_t i = 0; i < nargs; ++i) {
+    if (!self->static_argnums.empty() &&
+        IsStaticPosition(self->static_argnums, i, nargs)) {
+      continue;
+    }
+    const PyTreeRegistry::Registration* custom = nullptr;
+    if (registry.KindOfType(Py_TYPE(args[i]), &custom) != PyTreeKind::kLeaf) {
+      return false;
+    }
+  }
+  return true;
+}
+
+JitFunctionObject* Self(PyObject* self) {
+  auto* o = reinterpret_cast<JitFunctionObject*>(self);
+  if (!o->make_dispatch.is_valid()) {
     throw nb::value_error(
         "This jitted function was cleared by the garbage "
         "collector.");
+  }
+  return o;
+}
+
+// The stock dispatch that takes a DispatchArgs, built on first use.
+nb::object Dispatch(JitFunctionObject* self) {
+  {
+    nb::ft_object_guard guard(reinterpret_cast<PyObject*>(self));
+    if (self->dispatch.is_valid()) return self->dispatch;
+  }
+  // Built outside the critical section (it runs Python); if two threads
+  // race, the first one stored wins and the other is dropped unused.
+  nb::object built = self->make_dispatch();
+  nb::ft_object_guard guard(reinterpret_cast<PyObject*>(self));
+  if (!self->dispatch.is_valid()) self->dispatch = std::move(built);
+  return self->dispatch;
+}
+
+nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
+                           size_t nargsf, PyObject* kwnames) {
+  Self(reinterpret_cast<PyObject*>(self));
+  const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  if (self->leaf_dispatch.is_valid() &&
+      DynamicArgsArePositionalLeaves(self, args, nargs, kwnames)) {
+    PyObject* result =
+        PyObject_Vectorcall(self->leaf_dispatch.ptr(), args, nargsf, kwnames);
+    if (result == nullptr) throw nb::python_error();
+    return nb::steal(result);
   }
   const Py_ssize_t nkwargs = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
   nb::object call_args = nb::steal(PyTuple_New(nargs));
@@ -264,7 +325,11 @@ nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
 
   // Held here: a node's __eq__ run by Equals may call this function again
   // and replace `self->last_treedef`.
-  nb::object last_treedef = self->last_treedef;
+  nb::object last_treedef;
+  {
+    nb::ft_object_guard guard(reinterpret_cast<PyObject*>(self));
+    last_treedef = self->last_treedef;
+  }
   const PyTreeDef* last =
       last_treedef.is_valid() ? nb::inst_ptr<PyTreeDef>(last_treedef) : nullptr;
   nb::list leaves;
@@ -275,6 +340,7 @@ nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
   // equal one stands for it.
   if (last == nullptr || !last->Equals(treedef)) {
     last_treedef = WrapTreeDef(std::move(treedef));
+    nb::ft_object_guard guard(reinterpret_cast<PyObject*>(self));
     self->last_treedef = last_treedef;
   }
   nb::object dispatch_arg = MakeDispatchArgs(
@@ -283,7 +349,7 @@ nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
   const Py_ssize_t num_static_kwargs =
       static_kwnames.is_valid() ? PyTuple_GET_SIZE(static_kwnames.ptr()) : 0;
   PyObject* result = PyObject_Vectorcall(
-      self->dispatch.ptr(), dispatch_args,
+      Dispatch(self).ptr(), dispatch_args,
       num_dispatch_args - num_static_kwargs,
       static_kwnames.is_valid() ? static_kwnames.ptr() : nullptr);
   if (result == nullptr) throw nb::python_error();
@@ -294,7 +360,7 @@ PyObject* JitFunctionVectorcall(PyObject* callable, PyObject* const* args,
                                 size_t nargsf, PyObject* kwnames) {
   try {
     return CallJitFunction(reinterpret_cast<JitFunctionObject*>(callable), args,
-                           PyVectorcall_NARGS(nargsf), kwnames)
+                           nargsf, kwnames)
         .release()
         .ptr();
   } catch (...) {
@@ -310,8 +376,10 @@ void JitFunctionDealloc(PyObject* self) {
   if (o->weakrefs != nullptr) PyObject_ClearWeakRefs(self);
   Py_CLEAR(o->dict);
   o->fun.~object();
+  o->make_dispatch.~object();
   o->dispatch.~object();
   o->registry.~object();
+  o->leaf_dispatch.~object();
   o->static_argnums.~vector();
   o->static_argnames.~object();
   o->last_treedef.~object();
@@ -340,16 +408,6 @@ PyObject* JitFunctionDescrGet(PyObject* self, PyObject* obj, PyObject*) {
   return PyMethod_New(self, obj);
 }
 
-JitFunctionObject* Self(PyObject* self) {
-  auto* o = reinterpret_cast<JitFunctionObject*>(self);
-  if (!o->dispatch.is_valid()) {
-    throw nb::value_error(
-        "This jitted function was cleared by the garbage "
-        "collector.");
-  }
-  return o;
-}
-
 template <typename F>
 PyObject* Guarded(F&& f) {
   try {
@@ -366,12 +424,34 @@ PyObject* JitFunctionSignature(PyObject* self, void*) {
   });
 }
 
+// The dispatches built so far.
+std::vector<nb::object> BuiltDispatches(JitFunctionObject* self) {
+  nb::ft_object_guard guard(reinterpret_cast<PyObject*>(self));
+  std::vector<nb::object> built;
+  for (const nb::object& dispatch : {self->leaf_dispatch, self->dispatch}) {
+    if (dispatch.is_valid()) built.push_back(dispatch);
+  }
+  return built;
+}
+
+// The entries of the dispatches' caches.
 PyObject* JitFunctionCacheSize(PyObject* self, PyObject*) {
-  return Guarded([&] { return Self(self)->dispatch.attr("_cache_size")(); });
+  return Guarded([&] {
+    Py_ssize_t size = 0;
+    for (const nb::object& dispatch : BuiltDispatches(Self(self))) {
+      size += nb::cast<Py_ssize_t>(dispatch.attr("_cache_size")());
+    }
+    return nb::int_(size);
+  });
 }
 
 PyObject* JitFunctionClearCache(PyObject* self, PyObject*) {
-  return Guarded([&] { return Self(self)->dispatch.attr("_clear_cache")(); });
+  return Guarded([&] {
+    for (const nb::object& dispatch : BuiltDispatches(Self(self))) {
+      dispatch.attr("_clear_cache")();
+    }
+    return nb::none();
+  });
 }
 
 // The stock dispatch's state, with the user's function and static argument
@@ -379,7 +459,7 @@ PyObject* JitFunctionClearCache(PyObject* self, PyObject*) {
 PyObject* JitFunctionGetState(PyObject* self, PyObject*) {
   return Guarded([&] {
     JitFunctionObject* o = Self(self);
-    nb::object state = o->dispatch.attr("__getstate__")();
+    nb::object state = Dispatch(o).attr("__getstate__")();
     state["fun"] = o->fun;
     state["static_argnums"] = nb::cast(o->static_argnums);
     state["static_argnames"] = o->static_argnames;
@@ -437,10 +517,11 @@ PyType_Spec jit_function_spec = {
         Py_TPFLAGS_DISALLOW_INSTANTIATION,  // make_jit_function builds them
     jit_function_slots};
 
-nb::object MakeJitFunction(nb::callable fun, nb::callable dispatch,
+nb::object MakeJitFunction(nb::callable fun, nb::callable make_dispatch,
                            nb::handle registry,
                            std::vector<Py_ssize_t> static_argnums,
-                           std::vector<nb::str> static_argnames) {
+                           std::vector<nb::str> static_argnames,
+                           std::optional<nb::callable> leaf_dispatch) {
   if (!nb::isinstance<PyTreeRegistry>(registry)) {
     throw nb::type_error(
         ("Expected a PyTreeRegistry, got " + Repr(registry) + ".").c_str());
@@ -452,8 +533,11 @@ nb::object MakeJitFunction(nb::callable fun, nb::callable dispatch,
   // tp_alloc zeroes the memory: the members are constructed over it.
   o->vectorcall = JitFunctionVectorcall;
   new (&o->fun) nb::object(std::move(fun));
-  new (&o->dispatch) nb::object(std::move(dispatch));
+  new (&o->make_dispatch) nb::object(std::move(make_dispatch));
+  new (&o->dispatch) nb::object();
   new (&o->registry) nb::object(nb::borrow(registry));
+  new (&o->leaf_dispatch)
+      nb::object(leaf_dispatch ? std::move(*leaf_dispatch) : nb::object());
   new (&o->static_argnums) std::vector<Py_ssize_t>(std::move(static_argnums));
   new (&o->static_argnames) nb::object(std::move(names));
   new (&o->last_treedef) nb::object();
@@ -474,14 +558,19 @@ void BindJitFunction(nb::module_& m) {
   m.attr("PjitFunction") =
       nb::borrow(reinterpret_cast<PyObject*>(jit_function_type));
   m.def("make_jit_function", &MakeJitFunction, nb::arg("fun"),
-        nb::arg("dispatch"), nb::arg("registry"), nb::arg("static_argnums"),
-        nb::arg("static_argnames"),
+        nb::arg("make_dispatch"), nb::arg("registry"),
+        nb::arg("static_argnums"), nb::arg("static_argnames"),
+        nb::arg("leaf_dispatch").none() = nb::none(),
         "The object jax.jit returns: calls of it flatten the dynamic "
-        "arguments once with `registry` and call `dispatch` (a stock "
-        "PjitFunction whose static arguments are 1, 2, ... and "
-        "`static_argnames`) with one DispatchArgs followed by the static "
-        "arguments. `static_argnums` as given to jax.jit; a negative one "
-        "counts from the end of a call's positional arguments.");
+        "arguments once with `registry` and call the dispatch that "
+        "`make_dispatch()` returns when first needed (a stock PjitFunction "
+        "whose static arguments are 1, 2, ... and `static_argnames`) with one "
+        "DispatchArgs followed by the static arguments. `static_argnums` as "
+        "given to jax.jit; a negative one counts from the end of a call's "
+        "positional arguments. A call whose dynamic arguments are all "
+        "positional leaves of `registry` goes to `leaf_dispatch` instead, if "
+        "given, as it is: a stock PjitFunction with `static_argnums` and "
+        "`static_argnames` of its own.");
   m.def("split_static_args", &SplitStaticArgs, nb::arg("args"),
         nb::arg("kwargs"), nb::arg("static_argnums"),
         nb::arg("static_argnames"),

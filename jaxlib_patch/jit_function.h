@@ -20,11 +20,21 @@ struct JitFunctionObject {
   PyObject_HEAD vectorcallfunc vectorcall;
   PyObject* dict;      // Owned; the instance __dict__ (functools.wraps).
   PyObject* weakrefs;  // Managed by CPython.
-  // The user's function; the stock dispatch (a PjitFunction); the tracing
-  // registry. Null only while being built or after tp_clear.
+  // The user's function; what builds the stock dispatch (a PjitFunction that
+  // takes a DispatchArgs); the tracing registry. Null only while being built
+  // or after tp_clear.
   nb::object fun;
-  nb::object dispatch;
+  nb::object make_dispatch;
   nb::object registry;
+  // The stock dispatch, built by `make_dispatch` when first needed: a
+  // function called only on leaves never needs it, and `jax.jit(f)(x)`
+  // written inline builds a jitted function per call. Null until then.
+  nb::object dispatch;
+  // A second stock dispatch, with the user's own static arguments, for the
+  // calls whose dynamic arguments are all positional leaves: nothing in them
+  // can be shared, so they skip our flatten and the DispatchArgs and reach
+  // stock's own fast path as they are. Null if there is none.
+  nb::object leaf_dispatch;
   // As given to jax.jit (a negative index counts from the end of a call's
   // positional arguments); the names as a tuple of str.
   std::vector<Py_ssize_t> static_argnums;
@@ -33,7 +43,8 @@ struct JitFunctionObject {
   // A call whose treedef equals it passes this very object to the dispatch,
   // whose cache then finds its key by identity instead of calling
   // PyTreeDef.__eq__, and no new treedef object is made. Null before the
-  // first call.
+  // first call. Read and replaced under the object's critical section, as
+  // `dispatch` is.
   nb::object last_treedef;
 };
 

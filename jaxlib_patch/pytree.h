@@ -50,6 +50,24 @@ enum class PyTreeKind : int {
   kDataclass = 7,
 };
 
+// 2^64 divided by the golden ratio: its bits, irregular and half set,
+// spread consecutive values over the whole range.
+constexpr uint64_t kGoldenRatio = 0x9e3779b97f4a7c15ULL;
+
+// Hashes an object (or type) by address for the maps keyed by pointers. Those
+// maps pick a bucket from the hash's low bits, and std::hash of a pointer is
+// either the address itself, whose low 4 bits are always 0 (CPython aligns
+// objects to 16 bytes), so that most buckets stay empty and the probes grow
+// long (libstdc++), or a murmur hash of it, about a hundred instructions on
+// the hot path of every leaf (libc++). Multiplying spreads every address bit
+// into the high half, folded back down.
+struct PointerHash {
+  size_t operator()(const void* ptr) const {
+    const uint64_t mixed = reinterpret_cast<uintptr_t>(ptr) * kGoldenRatio;
+    return static_cast<size_t>(mixed ^ (mixed >> 32));
+  }
+};
+
 class PyTreeRegistry {
  public:
   struct Registration {
@@ -108,7 +126,7 @@ class PyTreeRegistry {
   bool enable_none_, enable_tuple_, enable_list_, enable_dict_;
   // Registrations are never removed, so the pointers handed out stay valid
   // for the registry's lifetime (treedefs keep their registry alive).
-  std::unordered_map<PyTypeObject*, std::unique_ptr<Registration>>
+  std::unordered_map<PyTypeObject*, std::unique_ptr<Registration>, PointerHash>
       registrations_;
   // The classes given to PreserveRelativeIdentities, in call order.
   std::vector<nb::object> opted_in_bases_;
@@ -140,10 +158,6 @@ struct Node {
 
   bool is_reference() const { return shared_distance != 0; }
 };
-
-// 2^64 divided by the golden ratio: its bits, irregular and half set,
-// spread consecutive values over the whole range.
-constexpr uint64_t kGoldenRatio = 0x9e3779b97f4a7c15ULL;
 
 // Mixes `value` into `seed` (boost's hash_combine).
 inline size_t HashCombine(size_t seed, size_t value) {

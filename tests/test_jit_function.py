@@ -1,8 +1,10 @@
-"""The front door of jax.jit (`make_jit_function`), with a stand-in dispatch.
+"""The front door of jax.jit (`make_jit_function`), with stand-in dispatches.
 
-The stock C++ dispatch is replaced by a Python function that records what it
-is called with: the DispatchArgs (one flatten of the dynamic arguments), then
-the static positional arguments, then the static keyword arguments.
+The stock C++ dispatches are replaced by Python objects that record what they
+are called with. The main one gets the DispatchArgs (one flatten of the
+dynamic arguments), then the static positional arguments, then the static
+keyword arguments; the leaf dispatch gets the calls whose dynamic arguments
+are all positional leaves, as they are.
 """
 
 from __future__ import annotations
@@ -40,19 +42,31 @@ def target(a, n=0, b=None, *, mode="add"):
 
 class Recorder:
 
-  def __init__(self):
+  def __init__(self, result="result"):
     self.calls = []
+    self.result = result
 
   def __call__(self, *args, **kwargs):
     self.calls.append((args, kwargs))
-    return "result"
+    return self.result
+
+  def _cache_size(self):
+    return len(self.calls)
+
+  def _clear_cache(self):
+    self.calls.clear()
 
 
-def make(static_argnums=(), static_argnames=(), fun=target):
+def make(static_argnums=(), static_argnames=(), fun=target, leaf=None):
   dispatch = Recorder()
   return (
       pt.make_jit_function(
-          fun, dispatch, REG, list(static_argnums), list(static_argnames)
+          fun,
+          lambda: dispatch,
+          REG,
+          list(static_argnums),
+          list(static_argnames),
+          leaf,
       ),
       dispatch,
   )
@@ -156,9 +170,17 @@ def test_errors_propagate():
   def failing(*args, **kwargs):
     raise KeyError("from the dispatch")
 
-  jitted = pt.make_jit_function(target, failing, REG, [], [])
+  jitted = pt.make_jit_function(target, lambda: failing, REG, [], [])
   with pytest.raises(KeyError, match="from the dispatch"):
     jitted(1)
+
+  def no_dispatch():
+    raise KeyError("while building the dispatch")
+
+  jitted = pt.make_jit_function(target, no_dispatch, REG, [], [], Recorder())
+  assert jitted(1) == "result"  # The leaf dispatch: nothing was built.
+  with pytest.raises(KeyError, match="while building"):
+    jitted(Node(1))
   cycle = Node(None)
   cycle.x = cycle
   jitted, _ = make()
@@ -173,6 +195,8 @@ def test_bad_construction():
     pt.make_jit_function(target, Recorder(), REG, ["0"], [])
   with pytest.raises(TypeError):
     pt.make_jit_function(target, Recorder(), REG, [], [0])
+  with pytest.raises(TypeError):
+    pt.make_jit_function(target, Recorder(), REG, [], [], "not callable")
   with pytest.raises(TypeError):
     pt.PjitFunction()
   with pytest.raises(TypeError):
@@ -230,3 +254,48 @@ def test_no_reference_leaks():
     jitted(node, static, node, mode="x")
   dispatch.calls.clear()
   assert (sys.getrefcount(node), sys.getrefcount(static)) == before
+
+
+def test_calls_on_positional_leaves_take_the_leaf_dispatch_as_they_are():
+  leaf = Recorder("leaf result")
+  built = []
+
+  def make_dispatch():
+    built.append(Recorder())
+    return built[-1]
+
+  jitted = pt.make_jit_function(
+      target, make_dispatch, REG, [1, -1], ["mode"], leaf
+  )
+  static_node = Node(2)
+  # Static arguments may be anything, nodes included.
+  assert jitted(1, static_node, mode=static_node) == "leaf result"
+  assert leaf.calls[-1] == ((1, static_node), {"mode": static_node})
+  assert jitted(1.5, "s", [3], static_node) == "result"  # A list: not a leaf.
+  assert jitted(1, b=2) == "result"  # A dynamic keyword argument.
+  assert jitted(None, "s", "t") == "result"  # None: a node of REG.
+  assert jitted(None) == "leaf result"  # Static: -1 is position 0 here.
+  assert jitted(Node(1), "s") == "result"
+  assert len(built) == 1 and len(built[0].calls) == 4  # Built once, lazily.
+  assert len(leaf.calls) == 2
+  assert jitted._cache_size() == 6
+  jitted._clear_cache()
+  assert jitted._cache_size() == 0 and leaf.calls == []
+
+
+def test_without_a_leaf_dispatch_leaves_take_the_main_one():
+  jitted, dispatch = make()
+  jitted(1)
+  (dispatch_args, *statics), _ = dispatch.calls[-1]
+  assert type(dispatch_args) is pt.DispatchArgs and dispatch_args.leaves == [1]
+
+
+def test_the_main_dispatch_is_built_only_when_needed():
+  built = []
+  leaf = Recorder()
+  jitted = pt.make_jit_function(
+      target, lambda: built.append(1) or Recorder(), REG, [], [], leaf
+  )
+  for _ in range(3):
+    jitted(1, 2.0)
+  assert jitted._cache_size() == 3 and built == []

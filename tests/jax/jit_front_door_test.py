@@ -59,6 +59,41 @@ class JitFrontDoorTest(jtu.JaxTestCase):
     self.assertArraysEqual(jax.jit(Scaler(2.0))(x), x * 2)
     self.assertArraysEqual(jax.jit(Scaler(3.0))(x), x * 3)
 
+  def test_calls_on_leaves_and_on_trees_of_one_function(self):
+    # Calls whose dynamic arguments are all positional leaves take stock's
+    # own dispatch as they are; the others cross it as one flatten. Each
+    # signature is compiled and cached once, in one of the two.
+    f = jax.jit(lambda *args, **kwargs: jax.tree.map(lambda t: t * 2, kwargs))
+    x = jnp.arange(3.0)
+    calls = [
+        ((x,), {}),
+        (([x],), {}),
+        ((x,), {"k": x}),
+        ((x, None), {}),
+        ((x, np.float32(2.0)), {}),
+    ]
+    with jtu.count_pjit_cpp_cache_miss() as misses:
+      for _ in range(3):
+        for args, kwargs in calls:
+          out = f(*args, **kwargs)
+          self.assertEqual(out.keys(), kwargs.keys())
+          for k in kwargs:
+            self.assertArraysEqual(out[k], kwargs[k] * 2)
+    self.assertEqual(misses(), len(calls))
+    self.assertEqual(f._cache_size(), len(calls))
+    f.clear_cache()
+    self.assertEqual(f._cache_size(), 0)
+
+  def test_disable_jit_calls_the_function_with_the_arguments_themselves(self):
+    x = jnp.arange(3.0)
+    identity = jax.jit(lambda *args, **kwargs: (args, kwargs))
+    with jax.disable_jit():
+      args, kwargs = identity(x, 1)
+      self.assertIs(args[0], x)
+      args, kwargs = identity([x], k=x)
+      self.assertIs(args[0][0], x)
+      self.assertIs(kwargs["k"], x)
+
   def test_repr_as_stock(self):
     jitted = jax.jit(double)
     self.assertEqual(repr(jitted), f"<PjitFunction of {double!r}>")
