@@ -4,6 +4,7 @@
 Usage:
   python3 tests/upstream/run.py JAX_CHECKOUT [--files api_test,pjit_test ...]
       [--stock-venv DIR] [--ours-venv DIR] [--dist DIR] [--out DIR] [--jobs N]
+      [--only-ours]
 
 JAX_CHECKOUT is a jax source tree at tag jax-v0.10.2 (its tests/, jaxlib/
 pytree_test.py, conftest.py, pyproject.toml and build/test-requirements.txt
@@ -15,7 +16,10 @@ and writes the same into OUT/<file>.md (the junit xml and pytest log of each
 run stay beside it).  OUT/summary.md gathers the table of the files run so
 far.  The virtual environments are created when missing; the custom one gets
 the newest wheels of DIST (build/build.py's output) at every run, so that it
-always measures what dist/ holds.
+always measures what dist/ holds.  Stock's results do not change from one
+build of ours to the next: with --only-ours, stock's side is read from the
+junit xml an earlier run left in OUT (and reported as not run when there is
+none).
 """
 
 from __future__ import annotations
@@ -147,7 +151,7 @@ def prepare_venvs(args) -> dict[str, Path]:
     )
   venvs = {"stock": args.stock_venv, "ours": args.ours_venv}
   for side, venv_dir in venvs.items():
-    if venv_python(venv_dir).exists():
+    if venv_python(venv_dir).exists() or (side == "stock" and args.only_ours):
       continue
     print(f"creating the {side} virtual environment {venv_dir}", flush=True)
     venv.create(venv_dir, with_pip=True)
@@ -241,6 +245,16 @@ def run_side(
       f"  {side}: {result.counts()} pass/fail/skip in {minutes:.1f} min",
       flush=True,
   )
+  return result
+
+
+def earlier_side(args, side: str, stem: str) -> SideResult:
+  """One side's results as an earlier run left them in OUT."""
+  junit = args.out / f"{stem}.{side}.xml"
+  if not junit.exists():
+    return SideResult(note=f"not run (no {junit.name} in {args.out})")
+  result = SideResult(outcomes=read_junit(junit))
+  print(f"  {side}: {result.counts()} pass/fail/skip (earlier run)", flush=True)
   return result
 
 
@@ -364,6 +378,12 @@ def parse_args(argv):
       help="pytest-xdist workers per run ('0': no xdist)",
   )
   parser.add_argument(
+      "--only-ours",
+      action="store_true",
+      help="run only the custom side; stock's results come from OUT's "
+      "junit xml of an earlier run",
+  )
+  parser.add_argument(
       "--timeout",
       type=int,
       default=None,
@@ -391,7 +411,13 @@ def main(argv=None) -> int:
   for stem, rel_path in files:
     print(f"{rel_path}", flush=True)
     results = {
-        side: run_side(args, side, venvs[side], args.checkout / rel_path, stem)
+        side: (
+            earlier_side(args, side, stem)
+            if side == "stock" and args.only_ours
+            else run_side(
+                args, side, venvs[side], args.checkout / rel_path, stem
+            )
+        )
         for side in SIDES
     }
     lost = regressions(results["stock"], results["ours"])
