@@ -244,7 +244,6 @@ nb::object Dispatch(JitFunctionObject* self) {
 
 nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
                            size_t nargsf, PyObject* kwnames) {
-  Self(reinterpret_cast<PyObject*>(self));
   const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
   if (self->leaf_dispatch.is_valid() &&
       DynamicArgsArePositionalLeaves(self, args, nargs, kwnames)) {
@@ -359,8 +358,7 @@ nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
 PyObject* JitFunctionVectorcall(PyObject* callable, PyObject* const* args,
                                 size_t nargsf, PyObject* kwnames) {
   try {
-    return CallJitFunction(reinterpret_cast<JitFunctionObject*>(callable), args,
-                           nargsf, kwnames)
+    return CallJitFunction(Self(callable), args, nargsf, kwnames)
         .release()
         .ptr();
   } catch (...) {
