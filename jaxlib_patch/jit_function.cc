@@ -206,10 +206,7 @@ bool DynamicArgsArePositionalLeaves(const JitFunctionObject* self,
   const PyTreeRegistry& registry =
       *nb::inst_ptr<PyTreeRegistry>(self->registry);
   for (Py_ssize_t i = 0; i < nargs; ++i) {
-    if (!self->static_argnums.empty() &&
-        IsStaticPosition(self->static_argnums, i, nargs)) {
-      continue;
-    }
+    if (IsStaticPosition(self->static_argnums, i, nargs)) continue;
     const PyTreeRegistry::Registration* custom = nullptr;
     if (registry.KindOfType(Py_TYPE(args[i]), &custom) != PyTreeKind::kLeaf) {
       return false;

@@ -240,11 +240,12 @@ def run_side(
   minutes = (time.monotonic() - started) / 60
   if not junit.exists():
     return SideResult(note=f"no report (see {log.name})")
+  return side_from_junit(junit, side, f"in {minutes:.1f} min")
+
+
+def side_from_junit(junit: Path, side: str, when: str) -> SideResult:
   result = SideResult(outcomes=read_junit(junit))
-  print(
-      f"  {side}: {result.counts()} pass/fail/skip in {minutes:.1f} min",
-      flush=True,
-  )
+  print(f"  {side}: {result.counts()} pass/fail/skip {when}", flush=True)
   return result
 
 
@@ -253,9 +254,7 @@ def earlier_side(args, side: str, stem: str) -> SideResult:
   junit = args.out / f"{stem}.{side}.xml"
   if not junit.exists():
     return SideResult(note=f"not run (no {junit.name} in {args.out})")
-  result = SideResult(outcomes=read_junit(junit))
-  print(f"  {side}: {result.counts()} pass/fail/skip (earlier run)", flush=True)
-  return result
+  return side_from_junit(junit, side, "(earlier run)")
 
 
 def regressions(stock: SideResult, ours: SideResult) -> list[tuple[str, str]]:
