@@ -49,6 +49,22 @@ nb::object MakeFlattenedIndexKey(Py_ssize_t key) {
   return nb::cast(FlattenedIndexKey{static_cast<int>(key)});
 }
 
+nb::object ChildKey(const Node& node, size_t k) {
+  switch (node.kind) {
+    case PyTreeKind::kDict: return MakeDictKey(node.dict_keys[k]);
+    case PyTreeKind::kNamedTuple: {
+      // A forged (unpickled) treedef may name a type with fewer fields.
+      nb::object fields = node.node_data.attr("_fields");
+      return k < static_cast<size_t>(nb::len(fields)) ? MakeGetAttrKey(fields[k])
+                                                      : MakeSequenceKey(k);
+    }
+    case PyTreeKind::kDataclass:
+      return MakeGetAttrKey(node.custom->data_fields[k]);
+    case PyTreeKind::kCustom: return MakeFlattenedIndexKey(k);
+    default: return MakeSequenceKey(k);
+  }
+}
+
 void BindKeys(nb::module_& m) {
   auto sequence_key = nb::class_<SequenceKey>(
       m, "SequenceKey", nb::sig("class SequenceKey(Hashable)"));

@@ -35,6 +35,10 @@ nb::object MakeDictKey(nb::handle key);
 nb::object MakeGetAttrKey(nb::handle name);
 nb::object MakeFlattenedIndexKey(Py_ssize_t key);
 
+// The key of the `k`-th child of `node`, as flatten_with_path gives it (a
+// custom node's by its flat index: only the object itself knows its keys).
+nb::object ChildKey(const Node& node, size_t k);
+
 // The GC slots of the DictKey type (gc.cc).
 extern PyType_Slot dict_key_gc_slots[];
 

@@ -235,6 +235,24 @@ NB_MODULE(pytree, m) {
            "(post-order, counted from this treedef's first node); a target "
            "outside this treedef has a negative index.",
            nb::sig("def shared_references(self) -> dict[int, int]"))
+      .def("unshared", &PyTreeDef::Unshared,
+           "This tree with every shared node written out at each of its "
+           "positions: the treedef stock jaxlib makes of the same tree.",
+           nb::sig("def unshared(self) -> PyTreeDef"))
+      .def("expansion_indices", &PyTreeDef::ExpansionIndices,
+           nb::arg("finer"),
+           "For each leaf of `finer`, the index of the leaf of this treedef "
+           "at the same place: `[leaves[i] for i in "
+           "td.expansion_indices(finer)]` are the leaves of `finer`. `finer` "
+           "must be this tree, sharing nodes where this one does or less "
+           "(`td.unshared()` shares none), else ValueError.",
+           nb::sig("def expansion_indices(self, finer: PyTreeDef) -> "
+                   "list[int]"))
+      .def("common_sharing", &PyTreeDef::CommonSharing, nb::arg("other"),
+           "The tree of this treedef and `other`, which must be the same "
+           "tree but for their sharing (else ValueError), sharing a node "
+           "only where both do.",
+           nb::sig("def common_sharing(self, other: PyTreeDef) -> PyTreeDef"))
       .def("__repr__", &PyTreeDef::ToString)
       .def("__eq__",
            [](const PyTreeDef& self, nb::handle other) {

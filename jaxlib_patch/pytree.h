@@ -280,6 +280,18 @@ class PyTreeDef {
   nb::list BroadcastFlattenedPrefix(const PyTreeDef& prefix,
                                     nb::handle prefix_leaves) const;
 
+  // --- sharing.cc
+  // This tree with every reference replaced by a copy of its target's
+  // subtree: what stock jaxlib records for the same tree.
+  PyTreeDef Unshared() const;
+  // For each leaf of `finer`, the index of this treedef's leaf at the same
+  // place. `finer` is this tree, sharing where this one does or less
+  // (ValueError otherwise, naming the place).
+  std::vector<Py_ssize_t> ExpansionIndices(const PyTreeDef& finer) const;
+  // The tree of this treedef and `other` (the same tree but for sharing, else
+  // ValueError), sharing a node only where both do.
+  PyTreeDef CommonSharing(const PyTreeDef& other) const;
+
   // --- serialization.cc
   nb::object GetState() const;
   void SetState(nb::handle state);

@@ -243,28 +243,10 @@ nb::tuple PyTreeDef::KeyPathTo(Py_ssize_t index) const {
   std::vector<nb::object> keys;
   Py_ssize_t at = traversal_.size() - 1;
   while (at != index) {
-    const Node& node = traversal_[at];
     std::vector<Py_ssize_t> children = ChildIndices(at);
     size_t k = 0;
     while (children[k] < index) ++k;  // The child whose subtree holds index.
-    switch (node.kind) {
-      case PyTreeKind::kDict:
-        keys.push_back(MakeDictKey(node.dict_keys[k]));
-        break;
-      case PyTreeKind::kNamedTuple: {
-        // A forged (unpickled) treedef may name a type with fewer fields.
-        nb::object fields = node.node_data.attr("_fields");
-        keys.push_back(k < static_cast<size_t>(nb::len(fields))
-                           ? MakeGetAttrKey(fields[k])
-                           : MakeSequenceKey(k));
-        break;
-      }
-      case PyTreeKind::kDataclass:
-        keys.push_back(MakeGetAttrKey(node.custom->data_fields[k]));
-        break;
-      case PyTreeKind::kCustom: keys.push_back(MakeFlattenedIndexKey(k)); break;
-      default: keys.push_back(MakeSequenceKey(k)); break;
-    }
+    keys.push_back(ChildKey(traversal_[at], k));
     at = children[k];
   }
   nb::tuple path = nb::steal<nb::tuple>(PyTuple_New(keys.size()));

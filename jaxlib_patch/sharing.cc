@@ -1,0 +1,256 @@
+// Queries that relate two sharings of one tree: the treedef without its
+// sharing (what stock jaxlib records), the leaves of a less shared form read
+// off a more shared one, and the sharing two treedefs have in common. JAX
+// uses them where a tree changes hands between code that sees relative
+// identities and code written for stock trees (custom derivative rules,
+// loop carries, callbacks), so that neither side keeps its own bookkeeping.
+//
+// Both walks follow references into their targets, so they visit the tree as
+// stock would have flattened it, each shared subtree once per occurrence.
+
+#include <string>
+#include <vector>
+
+#include <tsl/robin_map.h>
+
+#include "jaxlib_patch/keys.h"
+#include "jaxlib_patch/pytree.h"
+#include "jaxlib_patch/recursion_guard.h"
+
+namespace jaxlib_patch {
+
+namespace {
+
+constexpr const char kInSharingQuery[] = " in a PyTreeDef sharing query";
+
+// Where a walk is, as the (node, child) steps from the root of the treedef
+// it reads: enough to name the place in an error, without building keys on
+// the way.
+class WalkPath {
+ public:
+  explicit WalkPath(const PyTreeDef& treedef) : treedef_(treedef) {}
+  void Push(Py_ssize_t node, size_t child) { steps_.push_back({node, child}); }
+  void Pop() { steps_.pop_back(); }
+  std::string Text() const {
+    std::string text = "tree";
+    for (const auto& [node, child] : steps_) {
+      text += Str(ChildKey(treedef_.traversal()[node], child));
+    }
+    return text;
+  }
+
+ private:
+  const PyTreeDef& treedef_;
+  std::vector<std::pair<Py_ssize_t, size_t>> steps_;
+};
+
+void RequireNoExternalReferences(const PyTreeDef& treedef, const char* what) {
+  if (treedef.HasExternalReferences()) {
+    throw nb::value_error(
+        (std::string("Cannot ") + what +
+         " a PyTreeDef that refers to shared nodes outside of it.")
+            .c_str());
+  }
+}
+
+// The node at `index`, or the one it refers to.
+Py_ssize_t Resolve(const PyTreeDef& treedef, Py_ssize_t index) {
+  return index - treedef.traversal()[index].shared_distance;
+}
+
+// Whether the nodes at one place of two treedefs are the same node, their
+// sharing aside (what Equals compares per position, but for the distance).
+bool SameNode(const Node& a, const Node& b) {
+  return PreservesIdentity(a.custom) == PreservesIdentity(b.custom) &&
+         NodesEqual(a, b);
+}
+
+[[noreturn]] void ThrowStructureMismatch(const WalkPath& path) {
+  throw nb::value_error(
+      ("PyTree structures differ at " + path.Text() +
+       ", not only in their sharing of nodes.")
+          .c_str());
+}
+
+// The leaf index of each traversal position: how many leaves come before it.
+std::vector<Py_ssize_t> LeafOrdinals(const PyTreeDef& treedef) {
+  std::vector<Py_ssize_t> ordinals(treedef.traversal().size());
+  Py_ssize_t leaves = 0;
+  for (size_t i = 0; i < ordinals.size(); ++i) {
+    ordinals[i] = leaves;
+    leaves += treedef.traversal()[i].kind == PyTreeKind::kLeaf;
+  }
+  return ordinals;
+}
+
+// PyTreeDef.expansion_indices: walks the coarse treedef and the finer one
+// together, place by place.
+class ExpansionWalk {
+ public:
+  ExpansionWalk(const PyTreeDef& coarse, const PyTreeDef& finer)
+      : coarse_(coarse),
+        finer_(finer),
+        coarse_leaf_(LeafOrdinals(coarse)),
+        finer_leaf_(LeafOrdinals(finer)),
+        coarse_of_finer_(finer.traversal().size(), -1),
+        finer_path_(finer),
+        indices_(finer.num_leaves()) {}
+
+  std::vector<Py_ssize_t> Run() {
+    Visit(coarse_.traversal().size() - 1, finer_.traversal().size() - 1);
+    return std::move(indices_);
+  }
+
+ private:
+  void Visit(Py_ssize_t at_coarse, Py_ssize_t at_finer) {
+    RecursionGuard guard(kInSharingQuery);
+    const Py_ssize_t coarse = Resolve(coarse_, at_coarse);
+    const Node& node = finer_.traversal()[at_finer];
+    if (node.is_reference()) {
+      // The finer treedef shares here: the coarse one must share too, with
+      // the node that the finer one's target stands on.
+      const Py_ssize_t target = at_finer - node.shared_distance;
+      if (coarse_of_finer_[target] != coarse) {
+        throw nb::value_error(
+            ("PyTree sharing mismatch: the finer PyTreeDef shares the node "
+             "at " +
+             finer_path_.Text() + " with the one at " +
+             finer_.PathTo(target) +
+             ", where this PyTreeDef has two separate nodes.")
+                .c_str());
+      }
+      return;
+    }
+    if (!SameNode(coarse_.traversal()[coarse], node)) {
+      ThrowStructureMismatch(finer_path_);
+    }
+    coarse_of_finer_[at_finer] = coarse;
+    if (node.kind == PyTreeKind::kLeaf) {
+      indices_[finer_leaf_[at_finer]] = coarse_leaf_[coarse];
+      return;
+    }
+    const std::vector<Py_ssize_t> coarse_children = coarse_.ChildIndices(coarse);
+    const std::vector<Py_ssize_t> finer_children =
+        finer_.ChildIndices(at_finer);
+    for (size_t k = 0; k < finer_children.size(); ++k) {
+      finer_path_.Push(at_finer, k);
+      Visit(coarse_children[k], finer_children[k]);
+      finer_path_.Pop();
+    }
+  }
+
+  const PyTreeDef& coarse_;
+  const PyTreeDef& finer_;
+  const std::vector<Py_ssize_t> coarse_leaf_, finer_leaf_;
+  // By finer position: the coarse node visited there.
+  std::vector<Py_ssize_t> coarse_of_finer_;
+  WalkPath finer_path_;
+  std::vector<Py_ssize_t> indices_;
+};
+
+// PyTreeDef.common_sharing: walks two treedefs together and writes the tree
+// they both stand for, with a reference wherever the pair of nodes met has
+// been met before (both treedefs share there).
+class CommonSharingWalk {
+ public:
+  CommonSharingWalk(const PyTreeDef& a, const PyTreeDef& b,
+                    std::vector<Node>& out)
+      : a_(a), b_(b), out_(out), path_(a) {}
+
+  void Run() { Visit(a_.traversal().size() - 1, b_.traversal().size() - 1); }
+
+ private:
+  struct PairHash {
+    size_t operator()(const std::pair<Py_ssize_t, Py_ssize_t>& pair) const {
+      return HashCombine(std::hash<Py_ssize_t>()(pair.first), pair.second);
+    }
+  };
+
+  void Visit(Py_ssize_t at_a, Py_ssize_t at_b) {
+    RecursionGuard guard(kInSharingQuery);
+    const Py_ssize_t a = Resolve(a_, at_a), b = Resolve(b_, at_b);
+    const Node& node = a_.traversal()[a];
+    if (!SameNode(node, b_.traversal()[b])) ThrowStructureMismatch(path_);
+    const bool shareable = PreservesIdentity(node.custom);
+    if (shareable) {
+      auto written = written_.find({a, b});
+      if (written != written_.end()) {
+        Node reference;
+        reference.kind = node.kind;
+        reference.custom = node.custom;
+        reference.shared_distance = out_.size() - written->second;
+        out_.push_back(std::move(reference));
+        return;
+      }
+    }
+    const std::vector<Py_ssize_t> a_children = a_.ChildIndices(a);
+    const std::vector<Py_ssize_t> b_children = b_.ChildIndices(b);
+    for (size_t k = 0; k < a_children.size(); ++k) {
+      path_.Push(a, k);
+      Visit(a_children[k], b_children[k]);
+      path_.Pop();
+    }
+    out_.push_back(node);
+    out_.back().shared_distance = 0;
+    if (shareable) written_[{a, b}] = out_.size() - 1;
+  }
+
+  const PyTreeDef& a_;
+  const PyTreeDef& b_;
+  std::vector<Node>& out_;
+  WalkPath path_;
+  // Each shareable pair of nodes written so far, by its position in out_.
+  tsl::robin_map<std::pair<Py_ssize_t, Py_ssize_t>, Py_ssize_t, PairHash>
+      written_;
+};
+
+}  // namespace
+
+PyTreeDef PyTreeDef::Unshared() const {
+  RequireNoExternalReferences(*this, "unshare");
+  PyTreeDef unshared(registry(), registry_ref_);
+  std::vector<Node>& out = unshared.traversal_;
+  // The range of `out` that holds each node's subtree: a reference writes its
+  // target's again. In post-order, a node's children are the subtrees
+  // written just before it, so its own begins where its first child's does.
+  // Validate() recomputes the counts of the copies.
+  std::vector<std::pair<Py_ssize_t, Py_ssize_t>> written(traversal_.size());
+  for (size_t i = 0; i < traversal_.size(); ++i) {
+    const Node& node = traversal_[i];
+    const Py_ssize_t at = out.size();
+    if (node.is_reference()) {
+      const auto [from, to] = written[i - node.shared_distance];
+      out.reserve(at + (to - from));  // No reallocation: out[j] stays valid.
+      for (Py_ssize_t j = from; j < to; ++j) out.push_back(out[j]);
+      written[i] = {at, out.size()};
+      continue;
+    }
+    Py_ssize_t begin = at;
+    for (Py_ssize_t child = i - 1, k = 0; k < node.arity; ++k) {
+      begin = written[child].first;
+      child -= traversal_[child].num_nodes;
+    }
+    out.push_back(node);
+    written[i] = {begin, out.size()};
+  }
+  unshared.Validate();
+  return unshared;
+}
+
+std::vector<Py_ssize_t> PyTreeDef::ExpansionIndices(
+    const PyTreeDef& finer) const {
+  RequireNoExternalReferences(*this, "expand");
+  RequireNoExternalReferences(finer, "expand to");
+  return ExpansionWalk(*this, finer).Run();
+}
+
+PyTreeDef PyTreeDef::CommonSharing(const PyTreeDef& other) const {
+  RequireNoExternalReferences(*this, "intersect");
+  RequireNoExternalReferences(other, "intersect with");
+  PyTreeDef common(registry(), registry_ref_);
+  CommonSharingWalk(*this, other, common.traversal_).Run();
+  common.Validate();
+  return common;
+}
+
+}  // namespace jaxlib_patch
