@@ -112,11 +112,10 @@ class ExpansionWalk {
       const Py_ssize_t target = at_finer - node.shared_distance;
       if (coarse_of_finer_[target] != coarse) {
         throw nb::value_error(
-            ("PyTree sharing mismatch: the finer PyTreeDef shares the node "
+            ("PyTree sharing mismatch: the other PyTreeDef shares the node "
              "at " +
              finer_path_.Text() + " with the one at " +
-             finer_.PathTo(target) +
-             ", where this PyTreeDef has two separate nodes.")
+             finer_.PathTo(target) + ", where this one has two separate nodes.")
                 .c_str());
       }
       return;

@@ -226,16 +226,16 @@ class SharingMessagesTest(jtu.JaxTestCase):
     self.assertIn("that is the object at args[0]", message)
     self.assertNotIn("key path [0]", message)
 
-  def test_fori_loop_carry_names_the_carry(self):
-    p = Param(jnp.arange(3.0))
-
-    def body(i, loop_carry):
-      return loop_carry[0], Param(loop_carry[1].value)
-
+  def test_aot_call_with_other_sharing_names_the_arguments(self):
+    p, q = Param(jnp.arange(3.0)), Param(jnp.ones(3))
+    compiled = (
+        jax.jit(lambda a, b: a[0].value + b.value).lower((p, 1), p).compile()
+    )
     with self.assertRaises(TypeError) as info:
-      jax.lax.fori_loop(0, 2, body, (p, p))
+      compiled((p, 1), q)
     message = str(info.exception)
-    self.assertRegex(message, r"that is the object at \w+\[1\]\[0\]")
+    self.assertIn("at args[1], seen", message)
+    self.assertIn("that is the object at args[0][0]", message)
     self.assertNotIn("key path", message)
 
   def test_pmap_out_axes_conflict_names_out_axes(self):

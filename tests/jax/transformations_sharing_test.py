@@ -218,15 +218,21 @@ class ControlFlowSharingTest(jtu.JaxTestCase):
     self.assertAllClose(carry.enc.value, jnp.full(2, 3.0))
     self.assertEqual(ys.value.shape, (3, 2))
 
-  def test_scan_body_breaking_sharing_is_structure_error(self):
+  def test_scan_body_breaking_sharing_drops_it(self):
     def body(carry, x):
       return (
-          Model(Param(carry.enc.value), Param(carry.dec.value), carry.bias),
+          Model(
+              Param(carry.enc.value + x), Param(carry.dec.value * 2), carry.bias
+          ),
           None,
       )
 
-    with self.assertRaisesRegex(TypeError, "sharing"):
-      lax.scan(body, _tie(jnp.zeros(2)), jnp.arange(3.0))
+    out, _ = lax.scan(body, _tie(jnp.ones(2)), jnp.arange(3.0))
+    # The carry shares only where the body keeps it: the copies are updated
+    # apart, as on stock.
+    self.assertIsNot(out.enc, out.dec)
+    self.assertAllClose(out.enc.value, jnp.full(2, 4.0))
+    self.assertAllClose(out.dec.value, jnp.full(2, 8.0))
 
   def test_while_loop_carries_dag(self):
     def body(m):
@@ -236,12 +242,15 @@ class ControlFlowSharingTest(jtu.JaxTestCase):
     out = lax.while_loop(lambda m: m.enc.value[0] < 5, body, _tie(jnp.zeros(2)))
     self.assertIs(out.enc, out.dec)
     self.assertAllClose(out.enc.value, jnp.full(2, 5.0))
-    with self.assertRaisesRegex(TypeError, "sharing"):
-      lax.while_loop(
-          lambda m: False,
-          lambda m: Model(Param(m.dec.value), m.enc, m.bias),
-          _tie(jnp.zeros(2)),
-      )
+    # A body that breaks the sharing: the copies are carried apart.
+    out = lax.while_loop(
+        lambda m: m.enc.value[0] < 5,
+        lambda m: Model(Param(m.dec.value + 1), m.enc, m.bias),
+        _tie(jnp.zeros(2)),
+    )
+    self.assertIsNot(out.enc, out.dec)
+    self.assertAllClose(out.enc.value, jnp.full(2, 5.0))
+    self.assertAllClose(out.dec.value, jnp.full(2, 4.0))
 
   @parameterized.parameters(False, True)
   def test_fori_loop_carries_dag(self, jit):
@@ -261,13 +270,17 @@ class ControlFlowSharingTest(jtu.JaxTestCase):
           pred, lambda m: m, lambda m: Model(m.dec, m.enc, m.bias), model
       )
       self.assertIs(out.enc, out.dec)
-    with self.assertRaisesRegex(TypeError, "sharing"):
-      lax.cond(
-          True,
+    # Branches that share differently: the output shares where both do.
+    for pred in (True, False):
+      out = lax.cond(
+          pred,
           lambda m: m,
-          lambda m: Model(Param(m.dec.value), m.enc, m.bias),
+          lambda m: Model(Param(m.dec.value * 2), m.enc, m.bias),
           model,
       )
+      self.assertIsNot(out.enc, out.dec)
+      self.assertAllClose(out.enc.value, jnp.ones(2) * (1 if pred else 2))
+      self.assertAllClose(out.dec.value, jnp.ones(2))
 
   def test_grad_through_scan_of_tied_weights(self):
     w, b, x = _inputs()

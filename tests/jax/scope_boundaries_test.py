@@ -1,0 +1,398 @@
+"""One object in two roles: custom rules, loop carries, reducers, callbacks.
+
+JAX's own code, its libraries and users' rules put one object in two roles
+(a custom rule's arguments and residuals, a solver's `p = r`, a scan's carry
+and xs, a reducer's two arguments, a callback's result). Opting a class in
+must not change what such a program computes: each test compares it with
+the same program on a twin class that is not opted in (stock semantics),
+with the two copies' gradients added up.
+"""
+
+import dataclasses
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest
+from absl.testing import parameterized
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax import lax
+from jax._src import test_util as jtu
+from jax.experimental import io_callback
+from jax.experimental.ode import odeint
+from jax.scipy.sparse.linalg import bicgstab, cg
+
+from shared_nodes import Param
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class PlainParam:
+  """Param's twin, registered without the opt-in: stock semantics."""
+
+  value: object
+
+
+def _g(a, b):
+  return jnp.sum(a.value * b.value)
+
+
+def _vjp_rule_by_vjp():
+  @jax.custom_vjp
+  def f(a, b):
+    return _g(a, b)
+
+  f.defvjp(
+      lambda a, b: (_g(a, b), (a, b)),
+      lambda r, ct: jax.vjp(_g, *r)[1](ct),
+  )
+  return f
+
+
+def _vjp_rule_by_tree_map():
+  @jax.custom_vjp
+  def f(a, b):
+    return _g(a, b)
+
+  f.defvjp(
+      lambda a, b: (_g(a, b), (b, a)),
+      lambda r, ct: jax.tree.map(lambda x: ct * x, r),
+  )
+  return f
+
+
+def _jvp_rule():
+  @jax.custom_jvp
+  def f(a, b):
+    return _g(a, b)
+
+  @f.defjvp
+  def f_jvp(primals, tangents):
+    (a, b), (ta, tb) = primals, tangents
+    return _g(a, b), _g(ta, b) + _g(a, tb)
+
+  return f
+
+
+def _gradient_rule():
+  @jax.custom_gradient
+  def f(a, b):
+    cls = type(a)
+    return _g(a, b), lambda ct: (cls(ct * b.value), cls(ct * a.value))
+
+  return f
+
+
+# Programs of two arguments that play different roles; `k` varies them.
+# Each returns a scalar, differentiable in both arguments.
+def custom_vjp_by_vjp(a, b, k):
+  return _vjp_rule_by_vjp()(a, b) * k
+
+
+def custom_vjp_by_tree_map(a, b, k):
+  return _vjp_rule_by_tree_map()(a, b) * k
+
+
+def custom_jvp_rule(a, b, k):
+  return _jvp_rule()(a, b) + k * jnp.sum(a.value)
+
+
+def custom_gradient_rule(a, b, k):
+  return _gradient_rule()(a, b) * k
+
+
+def scan_carry_and_xs(a, b, k):
+  cls = type(a)
+  carry, ys = lax.scan(
+      lambda c, x: (cls(c.value * k + x.value), x.value * c.value[0]), a, b
+  )
+  return jnp.sum(carry.value) + jnp.sum(ys)
+
+
+def loop_updates_two_slots_apart(a, b, k):
+  cls = type(a)
+  p, r = lax.fori_loop(
+      0, 3, lambda i, c: (cls(c[0].value * k + c[1].value), cls(c[1].value * k)),
+      (a, b),
+  )
+  return jnp.sum(p.value * r.value)
+
+
+def while_updates_two_slots_apart(a, b, k):
+  cls = type(a)
+
+  def body(c):
+    i, p, r = c
+    return i + 1, cls(p.value + k * r.value), cls(r.value * 0.5)
+
+  _, p, r = lax.while_loop(lambda c: c[0] < 2, body, (0, a, b))
+  return jnp.sum(p.value) + jnp.sum(r.value)
+
+
+def cond_branches_share_differently(a, b, k):
+  cls = type(a)
+  x, y = lax.cond(
+      k > 0,
+      lambda a, b: (a, a),
+      lambda a, b: (a, cls(b.value * k)),
+      a,
+      b,
+  )
+  return jnp.sum(x.value * y.value)
+
+
+def odeint_params(a, b, k):
+  ys = odeint(
+      lambda y, t, p, q: -0.1 * k * p.value * q.value * y,
+      jnp.ones_like(a.value),
+      jnp.array([0.0, 0.5]),
+      a,
+      b,
+  )
+  return jnp.sum(ys[-1])
+
+
+def linear_solve_guess_and_rhs(a, b, k):
+  cls = type(a)
+  matrix = jnp.diag(jnp.arange(1.0, a.value.shape[0] + 1)) * (1 + k**2)
+  x, _ = cg(lambda x: cls(matrix @ x.value), b, x0=a, maxiter=20)
+  return jnp.sum(x.value)
+
+
+# Reverse mode does not go through while_loop (on stock neither): these are
+# differentiated in forward mode.
+FORWARD_ONLY = {while_updates_two_slots_apart}
+
+# The programs that forward mode differentiates (no custom_vjp in them).
+FORWARD_CAPABLE = [
+    custom_jvp_rule,
+    scan_carry_and_xs,
+    loop_updates_two_slots_apart,
+    while_updates_two_slots_apart,
+    cond_branches_share_differently,
+    linear_solve_guess_and_rhs,
+]
+
+PROGRAMS = [
+    custom_vjp_by_vjp,
+    custom_vjp_by_tree_map,
+    custom_jvp_rule,
+    custom_gradient_rule,
+    scan_carry_and_xs,
+    loop_updates_two_slots_apart,
+    while_updates_two_slots_apart,
+    cond_branches_share_differently,
+    odeint_params,
+    linear_solve_guess_and_rhs,
+]
+
+
+def _shared_and_stock(program, value, k, jit):
+  """The program on one opted-in object in both roles, and on two copies of
+  a twin class that is not opted in, with its two gradients added."""
+  shared = lambda p: program(p, p, k)
+  stock = lambda p1, p2: program(p1, p2, k)
+  if jit:
+    shared, stock = jax.jit(shared), jax.jit(stock)
+  if program in FORWARD_ONLY:
+    grad, stock_grad = jax.jacfwd, partial(jax.jacfwd, argnums=(0, 1))
+  else:
+    grad, stock_grad = jax.grad, partial(jax.grad, argnums=(0, 1))
+  g = grad(shared)(Param(value))
+  g1, g2 = stock_grad(stock)(PlainParam(value), PlainParam(value))
+  return (shared(Param(value)), g.value,
+          stock(PlainParam(value), PlainParam(value)), g1.value + g2.value)
+
+
+class OneObjectTwoRolesTest(jtu.JaxTestCase):
+
+  @parameterized.named_parameters((p.__name__, p) for p in PROGRAMS)
+  def test_program_computes_as_on_stock(self, program):
+    value = jnp.array([0.5, 1.0, 1.5])
+    out, grad, stock_out, stock_grad = _shared_and_stock(
+        program, value, 0.7, jit=False
+    )
+    self.assertAllClose(out, stock_out, rtol=1e-5)
+    self.assertAllClose(grad, stock_grad, rtol=1e-4, atol=1e-5)
+
+  @settings(max_examples=40, deadline=None)
+  @given(
+      # Mixed in reverse mode, or in forward mode where while_loop is.
+      programs=st.one_of(
+          st.lists(st.sampled_from([p for p in PROGRAMS
+                                    if p not in FORWARD_ONLY]),
+                   min_size=1, max_size=3),
+          st.lists(st.sampled_from(FORWARD_CAPABLE), min_size=1, max_size=3)),
+      values=st.lists(
+          st.floats(0.125, 2.0, width=32), min_size=2, max_size=4
+      ),
+      k=st.sampled_from([-0.5, 0.3, 1.2]),
+      jit=st.booleans(),
+  )
+  def test_generated_programs_compute_as_on_stock(self, programs, values, k, jit):
+    def program(a, b, k):
+      # A sum of the chosen programs, each seeing the two roles.
+      return sum(p(a, b, k) for p in programs)
+
+    if FORWARD_ONLY.intersection(programs):
+      FORWARD_ONLY.add(program)
+    out, grad, stock_out, stock_grad = _shared_and_stock(
+        program, jnp.array(values), k, jit
+    )
+    self.assertAllClose(out, stock_out, rtol=1e-4, atol=1e-5)
+    self.assertAllClose(grad, stock_grad, rtol=1e-3, atol=1e-4)
+
+
+class IssueCasesTest(jtu.JaxTestCase):
+  """The cases of the bug report, each against its stock numbers."""
+
+  def setUp(self):
+    super().setUp()
+    self.v = Param(jnp.array([1.0, 2.0]))
+
+  def test_custom_vjp_rule_of_totals_does_not_double(self):
+    f = _vjp_rule_by_vjp()
+    self.assertAllClose(
+        jax.grad(lambda v: f(v, v))(self.v).value, jnp.array([2.0, 4.0])
+    )
+
+  def test_custom_vjp_rule_of_per_position_values(self):
+    f = _vjp_rule_by_tree_map()
+    self.assertAllClose(
+        jax.grad(lambda v: f(v, v))(self.v).value, jnp.array([2.0, 4.0])
+    )
+
+  def test_custom_rule_sees_one_copy_per_position(self):
+    seen = []
+
+    @jax.custom_vjp
+    def f(a, b):
+      return _g(a, b)
+
+    def fwd(a, b):
+      seen.append(a is b)
+      return _g(a, b), (a, b)
+
+    def bwd(r, ct):
+      a, b = r
+      seen.append(a is b)
+      # One object for both positions: still a cotangent per position.
+      same = Param(ct * a.value)
+      return same, same
+
+    f.defvjp(fwd, bwd)
+    grad = jax.grad(lambda v: f(v, v))(self.v)
+    self.assertEqual(seen, [False, False])
+    self.assertAllClose(grad.value, 2 * self.v.value)
+
+  def test_scan_with_one_object_as_carry_and_xs(self):
+    shared = Param(jnp.ones(3))
+    carry, ys = lax.scan(
+        lambda c, x: (Param(c.value + x.value), x.value * c.value[0]),
+        shared, shared)
+    self.assertAllClose(carry.value, jnp.full(3, 4.0))
+    self.assertAllClose(ys, jnp.array([1.0, 2.0, 3.0]))
+
+  def test_reduce_over_opted_in_nodes(self):
+    reducer = lambda x, y: Param(x.value + y.value)
+    operand, init = Param(jnp.arange(4.0)), Param(jnp.array(0.0))
+    out = lax.reduce(operand, init, reducer, (0,))
+    self.assertAllClose(out.value, 6.0)
+    jaxpr = jax.make_jaxpr(
+        lambda o: lax.reduce(o, init, reducer, (0,))
+    )(operand)
+    (reduce_eqn,) = [e for e in jaxpr.eqns if e.primitive.name == "reduce"]
+    self.assertLen(reduce_eqn.params["jaxpr"].jaxpr.invars, 2)
+
+  def test_odeint_with_one_object_as_state_and_argument(self):
+    y0 = Param(jnp.ones(2))
+    dynamics = lambda y, t, a: Param(-a.value * y.value)
+    ts = jnp.array([0.0, 1.0])
+    ys = odeint(dynamics, y0, ts, y0)
+    stock = odeint(
+        lambda y, t, a: PlainParam(-a.value * y.value),
+        PlainParam(jnp.ones(2)), ts, PlainParam(jnp.ones(2)))
+    self.assertAllClose(ys.value, stock.value)
+
+  @parameterized.parameters(cg, bicgstab)
+  def test_solver_with_p_equal_r(self, solver):
+    a = jnp.array([[2.0, 0.5], [0.5, 1.0]])
+    x, _ = solver(lambda x: Param(a @ x.value), Param(jnp.array([1.0, 2.0])))
+    stock, _ = solver(
+        lambda x: PlainParam(a @ x.value), PlainParam(jnp.array([1.0, 2.0]))
+    )
+    self.assertAllClose(x.value, stock.value, atol=1e-6)
+
+  def test_lbfgs_on_opted_in_params(self):
+    import optax
+
+    def run(cls):
+      params = {"w": cls(jnp.array([1.0, -2.0])), "b": cls(jnp.array(0.5))}
+      loss = lambda p: jnp.sum((p["w"].value - 3.0) ** 2) + p["b"].value ** 2
+      opt = optax.lbfgs()
+      state = opt.init(params)
+      for _ in range(3):
+        value, grad = jax.value_and_grad(loss)(params)
+        updates, state = opt.update(
+            grad, state, params, value=value, grad=grad, value_fn=loss
+        )
+        params = optax.apply_updates(params, updates)
+      return [params["w"].value, params["b"].value]
+
+    for got, want in zip(run(Param), run(PlainParam)):
+      self.assertAllClose(got, want, rtol=1e-5)
+
+  def test_body_keeps_deliberate_sharing(self):
+    p = Param(jnp.ones(2))
+
+    def body(i, carry):
+      new = Param(carry[0].value * 2)
+      return new, new
+
+    a, b = lax.fori_loop(0, 3, body, (p, p))
+    self.assertIs(a, b)
+    self.assertAllClose(a.value, jnp.full(2, 8.0))
+
+
+class CallbackResultsTest(jtu.JaxTestCase):
+
+  def setUp(self):
+    super().setUp()
+    s = jax.ShapeDtypeStruct((2,), jnp.float32)
+    self.s, self.t = Param(s), Param(s)
+    one = Param(np.ones(2, np.float32))
+    two = Param(np.full(2, 2.0, np.float32))
+    self.one, self.two = one, two
+
+  def _call(self, api, result, spec):
+    return jax.jit(lambda: api(lambda: result, spec))()
+
+  @parameterized.parameters(io_callback, jax.pure_callback)
+  def test_result_sharing_less_than_its_spec_is_an_error(self, api):
+    with self.assertRaisesRegex(Exception, "must share the nodes"):
+      self._call(api, (self.one, self.two, self.two), (self.s, self.s, self.t))
+
+  @parameterized.parameters(io_callback, jax.pure_callback)
+  def test_result_sharing_as_its_spec(self, api):
+    a, b, c = self._call(
+        api, (self.one, self.one, self.two), (self.s, self.s, self.t)
+    )
+    self.assertIs(a, b)
+    self.assertAllClose(c.value, np.full(2, 2.0))
+
+  @parameterized.parameters(io_callback, jax.pure_callback)
+  def test_result_sharing_more_than_its_spec_is_read_as_stock(self, api):
+    u = Param(jax.ShapeDtypeStruct((2,), jnp.float32))
+    a, b, c = self._call(
+        api, (self.one, self.two, self.two), (self.s, self.t, u)
+    )
+    self.assertIsNot(b, c)
+    self.assertAllClose(a.value, np.ones(2))
+    self.assertAllClose(b.value, np.full(2, 2.0))
+    self.assertAllClose(c.value, np.full(2, 2.0))
+
+
+if __name__ == "__main__":
+  absltest.main(testLoader=jtu.JaxTestLoader())
