@@ -236,7 +236,8 @@ def test_round_trips_do_not_leak():
 
 
 def treedef_operations(leaf, aux, n):
-  """The other treedef operations: children, rebuild, compose, walk, repr."""
+  """The other treedef operations: children, rebuild, compose, walk, repr,
+  the sharing queries."""
   x = make_tree(leaf, aux)
   leaves, td = REG.flatten(x)
   inner = REG.flatten(KNode(aux, [leaf]))[1]
@@ -253,6 +254,9 @@ def treedef_operations(leaf, aux, n):
     assert "#1=" in repr(td)
     # walk's result (children tuples) is an iterable tree.
     check_shared_output(td.from_iterable_tree(walked))
+    unshared = td.unshared()
+    assert len(td.expansion_indices(unshared)) == unshared.num_leaves
+    assert td.common_sharing(unshared) == unshared
 
 
 def test_treedef_operations_do_not_leak():
@@ -289,6 +293,8 @@ def error_paths(leaf, aux, n):
       REG.flatten([m, cyclic])
     with pytest.raises(ValueError):
       td.unflatten([leaf])
+    with pytest.raises(ValueError, match="sharing mismatch"):
+      td.unshared().expansion_indices(td)
     with pytest.raises(BombError):
       fragile_td.unflatten([leaf] * fragile_td.num_leaves)
     with pytest.raises(ValueError):

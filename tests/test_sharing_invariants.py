@@ -850,5 +850,130 @@ def test_num_leaves_counts_shared_leaves_once():
   assert sum(c.num_leaves for c in td.children()) == 1
 
 
+# ---------------------------------------------------------------------------
+# The queries that relate two sharings of one tree: unshared(),
+# expansion_indices(finer), common_sharing(other).
+# ---------------------------------------------------------------------------
+
+
+def expanded_signature(x):
+  """The pairs of opted-in node positions of ``x`` that hold one object, in a
+  pre-order walk that re-enters shared nodes (stock's positions), so that
+  trees that differ only in sharing number their positions alike."""
+  objects = []
+
+  def go(x):
+    if type(x) in OPTED:
+      objects.append(x)
+    for _, child in children_with_keys(x) or []:
+      go(child)
+
+  go(x)
+  return frozenset(
+      (i, j)
+      for i, j in itertools.combinations(range(len(objects)), 2)
+      if objects[i] is objects[j]
+  )
+
+
+def drawn_breakage(x, data):
+  """``x`` with one reference (if it has any) replaced by an equal copy."""
+  refs = Model(x).refs
+  if refs == 0:
+    return copy_tree(x)
+  k = data.draw(st.integers(0, refs - 1), label="broken reference")
+  return copy_tree(x, break_reference=k)
+
+
+@SETTINGS
+@given(dags())
+def test_unshared_is_stocks_treedef(x):
+  """unshared() is the treedef stock flattens the tree to, and
+  expansion_indices(unshared) maps stock's leaves onto the unique ones."""
+  leaves, td = flatten(x)
+  stock_leaves, stock_td = STOCK_REGISTRY.flatten(x)
+  unshared = td.unshared()
+  assert not unshared.has_shared_nodes
+  assert repr(unshared) == repr(stock_td)
+  assert unshared == flatten(copy_tree(x, keep_sharing=False))[1]
+  indices = td.expansion_indices(unshared)
+  assert len(indices) == unshared.num_leaves == stock_td.num_leaves
+  assert all(leaves[i] is leaf for i, leaf in zip(indices, stock_leaves))
+  # Idempotent, and the identity map on a treedef without sharing.
+  assert unshared.unshared() == unshared
+  assert unshared.expansion_indices(unshared) == list(range(len(indices)))
+  assert td.expansion_indices(td) == list(range(td.num_leaves))
+
+
+@SETTINGS
+@given(dags(), st.data())
+def test_expansion_indices_reads_a_less_shared_form(x, data):
+  """For a form of the tree with less sharing, the indices give its leaves;
+  the other way round is a sharing mismatch."""
+  leaves, td = flatten(x)
+  broken = drawn_breakage(x, data)
+  broken_leaves, broken_td = flatten(broken)
+  indices = td.expansion_indices(broken_td)
+  assert all(leaves[i] is leaf for i, leaf in zip(indices, broken_leaves))
+  rebuilt = broken_td.unflatten([leaves[i] for i in indices])
+  assert expanded_signature(rebuilt) == expanded_signature(broken)
+  if broken_td != td:
+    with pytest.raises(ValueError, match="PyTree sharing mismatch"):
+      broken_td.expansion_indices(td)
+
+
+@SETTINGS
+@given(dags(), st.data())
+def test_common_sharing_shares_where_both_do(x, data):
+  """common_sharing is the intersection of the two sharings: symmetric,
+  idempotent, and readable from either treedef."""
+  leaves, td = flatten(x)
+  other = drawn_breakage(drawn_breakage(x, data), data)
+  _, other_td = flatten(other)
+  common = td.common_sharing(other_td)
+  assert common == other_td.common_sharing(td)
+  assert td.common_sharing(td) == td
+  assert common.common_sharing(td) == common
+  assert common.unshared() == td.unshared()
+  rebuilt = common.unflatten([leaves[i] for i in td.expansion_indices(common)])
+  assert expanded_signature(rebuilt) == (
+      expanded_signature(x) & expanded_signature(other)
+  )
+  # Both treedefs can be read in the common form.
+  other_td.expansion_indices(common)
+
+
+def test_sharing_queries_reject_other_trees():
+  k = KNode("k", [Leaf()])
+  _, td = flatten((k, k))
+  _, other = flatten((k, [k]))
+  with pytest.raises(ValueError, match=r"PyTree structures differ at tree\[1\]"):
+    td.common_sharing(other)
+  with pytest.raises(ValueError, match="structures differ"):
+    td.expansion_indices(other)
+  child = td.children()[1]
+  assert child.has_external_references
+  for query in (
+      child.unshared,
+      lambda: child.expansion_indices(child),
+      lambda: td.common_sharing(child),
+  ):
+    with pytest.raises(ValueError, match="outside of it"):
+      query()
+  with pytest.raises(TypeError):
+    td.common_sharing("not a treedef")
+
+
+def test_sharing_queries_on_deep_trees_raise_recursion_error():
+  _, td = flatten((KNode("k", []),) * 2)
+  for _ in range(5 * sys.getrecursionlimit()):  # Built without recursion.
+    td = pt.treedef_tuple(REGISTRY, [td])
+  with pytest.raises(RecursionError):
+    td.common_sharing(td)
+  unshared = td.unshared()  # Written without recursion.
+  assert not unshared.has_shared_nodes
+  assert unshared.num_nodes == td.num_nodes
+
+
 if __name__ == "__main__":
   sys.exit(pytest.main([__file__, "-q"]))
