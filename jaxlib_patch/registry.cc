@@ -142,12 +142,26 @@ static PyTypeObject* CheckType(nb::handle type, const char* what) {
 
 void PyTreeRegistry::PreserveRelativeIdentities(nb::handle type) {
   PyTypeObject* cls = CheckType(type, "preserve_relative_identities");
-  if (IsBuiltinNodeType(type)) {
+  const Registration* custom = nullptr;
+  if (IsBuiltinNodeType(type) ||
+      KindOfType(cls, &custom) == PyTreeKind::kNamedTuple) {
     throw nb::value_error(
         ("preserve_relative_identities: " + Repr(type) +
          " is a builtin pytree node; only registered classes can keep "
          "relative identities.")
             .c_str());
+  }
+  // Opting in a base of the builtin nodes (object) would opt in every class
+  // registered from then on, irreversibly: almost certainly a mistake.
+  for (PyTypeObject* builtin : {&PyTuple_Type, &PyList_Type, &PyDict_Type}) {
+    if (PyType_IsSubtype(builtin, cls)) {
+      throw nb::value_error(
+          ("preserve_relative_identities: " + Repr(type) +
+           " is a base class of the builtin pytree nodes; opting it in "
+           "would opt in every class. Opt in the base class of your "
+           "library's nodes.")
+              .c_str());
+    }
   }
   nb::ft_lock_guard lock(mutex_);
   if (!InheritsOptInLocked(cls)) opted_in_bases_.push_back(nb::borrow(type));

@@ -82,23 +82,39 @@ PyTreeDef PyTreeDef::FromStockTreeDef(nb::handle stock) const {
   return converted;
 }
 
+// An integer item of a pickled node entry; `what` names it in the error.
+template <typename Int>
+static Int IntField(const nb::tuple& fields, size_t i, const char* what) {
+  Int value = 0;
+  if (!PyLong_Check(fields[i].ptr()) || !nb::try_cast(fields[i], value)) {
+    FailMalformedState(std::string(what) + " is not an integer: " +
+                       Repr(fields[i]));
+  }
+  return value;
+}
+
 void PyTreeDef::SetNodes(nb::handle nodes) {
   traversal_.clear();
-  for (nb::handle entry : nb::iter(nodes)) {
+  if (!nb::isinstance<nb::list>(nodes) && !nb::isinstance<nb::tuple>(nodes)) {
+    FailMalformedState("the nodes are not a list or tuple");
+  }
+  for (nb::handle entry : nodes) {
     if (!PyTuple_Check(entry.ptr()) || PyTuple_GET_SIZE(entry.ptr()) < 6 ||
         PyTuple_GET_SIZE(entry.ptr()) > 7) {
       FailMalformedState("a node entry is not a tuple of 6 or 7 items");
     }
     nb::tuple fields = nb::borrow<nb::tuple>(entry);
     Node node;
-    const int kind = nb::cast<int>(fields[0]);
+    const int kind = IntField<int>(fields, 0, "a node kind");
     if (kind < 0 || kind > static_cast<int>(PyTreeKind::kDataclass)) {
       FailMalformedState("unknown node kind " + std::to_string(kind));
     }
     node.kind = static_cast<PyTreeKind>(kind);
-    node.arity = nb::cast<Py_ssize_t>(fields[1]);
-    if (fields.size() == 7)
-      node.shared_distance = nb::cast<Py_ssize_t>(fields[6]);
+    node.arity = IntField<Py_ssize_t>(fields, 1, "an arity");
+    if (fields.size() == 7) {
+      node.shared_distance =
+          IntField<Py_ssize_t>(fields, 6, "a reference distance");
+    }
     const bool has_data = node.kind == PyTreeKind::kNamedTuple ||
                           node.kind == PyTreeKind::kCustom ||
                           node.kind == PyTreeKind::kDataclass;
@@ -127,8 +143,14 @@ void PyTreeDef::SetNodes(nb::handle nodes) {
   // state is the caller's bad input, so here every problem is a ValueError.
   try {
     Validate();
-  } catch (const nb::builtin_exception&) {
-    throw;
+  } catch (const nb::builtin_exception& error) {
+    if (error.type() != nb::exception_type::value_error) throw;
+    // Validate's own "Malformed PyTreeDef: ..." told as a malformed state.
+    const std::string message = error.what();
+    const std::string prefix = "Malformed PyTreeDef: ";
+    FailMalformedState(message.compare(0, prefix.size(), prefix) == 0
+                           ? message.substr(prefix.size())
+                           : message);
   } catch (const std::runtime_error& error) {
     FailMalformedState(error.what());
   }

@@ -252,15 +252,23 @@ def test_builtin_nodes_cannot_be_opted_in(builtin):
   assert not r.preserves_relative_identities(builtin)
 
 
-def test_opting_in_object_leaves_builtin_nodes_alone():
+def test_opting_in_object_is_refused():
+  # It would opt in every class registered from then on, irreversibly.
   r = pt.PyTreeRegistry()
   register(r, Other)
-  r.preserve_relative_identities(object)
-  assert r.preserves_relative_identities(Other)
-  items = [1]
-  _, treedef = r.flatten([items, items, (2,), (2,)])
-  assert not treedef.has_shared_nodes
-  assert not r.preserves_relative_identities(tuple)
+  with pytest.raises(ValueError, match="base class of the builtin pytree"):
+    r.preserve_relative_identities(object)
+  assert not r.preserves_relative_identities(Other)
+
+
+def test_namedtuple_classes_cannot_be_opted_in():
+  import collections
+
+  Point = collections.namedtuple("Point", "x y")
+  r = pt.PyTreeRegistry()
+  with pytest.raises(ValueError, match="builtin pytree node"):
+    r.preserve_relative_identities(Point)
+  assert not r.preserves_relative_identities(Point)
 
 
 def test_registry_keeps_opted_in_classes_alive_and_visible_to_gc():

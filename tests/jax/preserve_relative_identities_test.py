@@ -175,6 +175,22 @@ class PreserveRelativeIdentitiesTest(jtu.JaxTestCase):
       with self.assertRaisesRegex(ValueError, "builtin pytree node"):
         tree_util.preserve_relative_identities(builtin)
 
+  def test_types_that_are_never_nodes_are_refused(self):
+    import collections
+
+    # Leaves: opting their type in would do nothing, and said nothing.
+    for leaf_type in (jax.Array, np.ndarray, np.float32, int, float):
+      with self.assertRaisesRegex(ValueError, "never pytree nodes"):
+        tree_util.preserve_relative_identities(leaf_type)
+      self.assertFalse(tree_util.preserves_relative_identities(leaf_type))
+    # object would opt in every class registered from then on.
+    with self.assertRaisesRegex(ValueError, "object"):
+      tree_util.preserve_relative_identities(object)
+    Point = collections.namedtuple("Point", "x y")
+    with self.assertRaisesRegex(ValueError, "builtin pytree node"):
+      tree_util.preserve_relative_identities(Point)
+    self.assertFalse(tree_util.preserves_relative_identities(Point))
+
   def test_same_api_in_both_modules(self):
     self.assertIs(
         tree_util.preserve_relative_identities,

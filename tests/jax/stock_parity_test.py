@@ -113,6 +113,35 @@ class RegistriesCompareTest(jtu.JaxTestCase):
     self.assertEqual(unshared, stock)
 
 
+class StockEntryPointsTest(jtu.JaxTestCase):
+
+  def test_parse_arguments_takes_the_default_registry(self):
+    # jax's own jax_jit_test calls jaxlib's C++ with tree_util's registry.
+    from jax._src.lib import jax_jit
+
+    signature, dynamic = jax_jit.parse_arguments(
+        [1, 2], [], (), [0], [], tree_util.default_registry
+    )
+    self.assertEqual(dynamic, [2])
+    self.assertIn("static args (positional + keyword): [1]", str(signature))
+    self.assertIs(
+        jax_jit.PyArgSignature, jax._src.lib._stock_jax_jit.PyArgSignature
+    )
+
+  def test_custom_jax_over_a_stock_jaxlib_says_which_jaxlib(self):
+    import subprocess
+    import sys
+
+    # As if jaxlib were stock: the jaxlib_patch module cannot be imported.
+    code = "import sys; sys.modules['jaxlib_patch'] = None; import jax"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True
+    )
+    self.assertNotEqual(result.returncode, 0)
+    self.assertIn("ImportError: This jax (with relative identities", result.stderr)
+    self.assertIn("install the jaxlib wheel of the same version", result.stderr)
+
+
 class MalformedPickleTest(jtu.JaxTestCase):
 
   def test_every_malformed_state_is_a_value_error(self):
@@ -126,6 +155,8 @@ class MalformedPickleTest(jtu.JaxTestCase):
         (registry, []),
         (registry, [leaf, leaf, (5, 2, ["a"], None, 2, 3)]),
         (registry, [leaf, (5, 1, "a", None, 1, 2)]),
+        (registry, [("0", 0, None, None, 1, 1)]),  # a kind not an int
+        (registry, [leaf, (6, 0, None, None, 0, 1, "1")]),  # nor a distance
     ]
     for state in states:
       with self.assertRaisesRegex(ValueError, "Malformed pickled PyTreeDef"):
