@@ -1,6 +1,7 @@
 // Flattening: PyTreeRegistry.flatten / flatten_with_path, and the taking
 // apart of one node that the other flattens share (flatten_common.h).
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -24,11 +25,12 @@ namespace {
 
 // Stock jaxlib deprecates treating these builtin iterables as leaves (they
 // are usually a mistake: a generator passed where a list was meant), with a
-// DeprecationWarning, unless an is_leaf predicate claimed them.
-void WarnIfIterableLeaf(nb::handle obj) {
+// DeprecationWarning, unless an is_leaf predicate claimed them. Returns
+// whether it warned (which depends on the type alone).
+bool WarnIfIterableLeaf(nb::handle obj) {
   PyTypeObject* type = Py_TYPE(obj.ptr());
   // Most leaves (arrays, numbers) are no iterators: two compares.
-  if (type->tp_iternext == nullptr && type != &PyDictValues_Type) return;
+  if (type->tp_iternext == nullptr && type != &PyDictValues_Type) return false;
   const bool deprecated =
       type == &PyDictValues_Type ||
       (PyIter_Check(obj.ptr()) &&
@@ -43,7 +45,7 @@ void WarnIfIterableLeaf(nb::handle obj) {
         PyObject_TypeCheck(obj.ptr(), &PyDictIterKey_Type) ||
         PyObject_TypeCheck(obj.ptr(), &PyDictIterValue_Type) ||
         PyObject_TypeCheck(obj.ptr(), &PyDictIterItem_Type)));
-  if (!deprecated) return;
+  if (!deprecated) return false;
   const std::string message =
       std::string("Python iterable type '") + type->tp_name +
       "' is treated as a leaf in PyTree. Use is_leaf to suppress this "
@@ -52,6 +54,7 @@ void WarnIfIterableLeaf(nb::handle obj) {
   if (PyErr_WarnEx(PyExc_DeprecationWarning, message.c_str(), 1) < 0) {
     throw nb::python_error();
   }
+  return true;
 }
 
 bool PredicateSaysLeaf(nb::handle result) {
@@ -153,15 +156,37 @@ class Flattener {
         leaves_(leaves) {}
 
   void Flatten(nb::handle obj) {
+    // Leaves mostly come in runs of one type (a list of arrays or of
+    // floats): a leaf of the type of the last one needs neither the
+    // registry's lookup nor the iterable check, which depend on its type
+    // alone, nor the recursion guard, since it does not recurse.
+    PyTypeObject* type = Py_TYPE(obj.ptr());
+    if (type == last_leaf_type_ && !leaf_predicate_) {
+      AddLeaf(obj);
+      return;
+    }
     RecursionGuard guard(" in flatten");
     if (leaf_predicate_ && IsLeafByPredicate(obj)) {
       AddLeaf(obj);
       return;
     }
     Node node;
-    node.kind = registry_.KindOfObject(obj, &node.custom);
+    if (type == last_node_type_) {
+      node.kind = last_node_kind_;
+      node.custom = last_node_custom_;
+    } else {
+      node.kind = registry_.KindOfType(type, &node.custom);
+      if (node.kind != PyTreeKind::kLeaf) {
+        // As for leaves: nodes too come in runs of one type (namedtuples,
+        // whose check reads an attribute, and custom nodes).
+        last_node_type_ = type;
+        last_node_kind_ = node.kind;
+        last_node_custom_ = node.custom;
+      }
+    }
     if (node.kind == PyTreeKind::kLeaf) {
-      WarnIfIterableLeaf(obj);
+      // A deprecated iterable warns at every occurrence, as in stock.
+      if (!WarnIfIterableLeaf(obj)) last_leaf_type_ = type;
       AddLeaf(obj);
       return;
     }
@@ -182,6 +207,13 @@ class Flattener {
         if (node.kind == PyTreeKind::kNamedTuple) {
           node.node_data =
               nb::borrow(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr())));
+        }
+        // Room for the items at once, growing geometrically: a long list of
+        // leaves would otherwise grow the traversal many times over.
+        const size_t needed =
+            traversal_.size() + PySequence_Fast_GET_SIZE(obj.ptr()) + 1;
+        if (needed > traversal_.capacity()) {
+          traversal_.reserve(std::max(needed, 2 * traversal_.capacity()));
         }
         // Size re-read each step: a flatten function further down may mutate
         // a list we are walking.
@@ -342,6 +374,13 @@ class Flattener {
   std::vector<nb::object> path_;     // Keys from the root; flatten_with_path.
   std::vector<nb::object> pending_;  // Children of custom nodes, in waiting.
   std::optional<IdentityScope> scope_;  // Created at the first opted-in node.
+  // The type of the last leaf that took the whole way (see Flatten); the
+  // registry's registrations are not expected to change mid-flatten.
+  PyTypeObject* last_leaf_type_ = nullptr;
+  // The last node type met, and how it flattens.
+  PyTypeObject* last_node_type_ = nullptr;
+  PyTreeKind last_node_kind_ = PyTreeKind::kLeaf;
+  const PyTreeRegistry::Registration* last_node_custom_ = nullptr;
 };
 
 }  // namespace
