@@ -238,6 +238,30 @@ class SharingMessagesTest(jtu.JaxTestCase):
     self.assertIn("that is the object at args[0][0]", message)
     self.assertNotIn("key path", message)
 
+  def test_jit_in_shardings_conflict_in_the_users_words(self):
+    p = Param(jnp.ones(8))
+    mesh = jax.make_mesh((1,), ("x",))
+    sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))
+    with self.assertRaises(SharedPrefixError) as info:
+      jax.jit(lambda a, b: a.value + b.value, in_shardings=(sharding, None))(
+          p, p
+      )
+    message = str(info.exception)
+    # The user wrote jax.jit and None (pjit and UnspecifiedValue inside).
+    self.assertTrue(message.startswith("jit in_shardings gives "), message)
+    self.assertIn("and None to the same node at args[1]", message)
+    self.assertNotIn("Unspecified", message)
+
+  def test_tree_broadcast_conflict_names_the_full_tree(self):
+    p = Param(jnp.ones(2))
+    with self.assertRaises(SharedPrefixError) as info:
+      jax.tree.broadcast((1, 2), (p, p))
+    self.assertIn(
+        "gives 1 to the pytree node at full_tree[0] and 2 to the same node "
+        "at full_tree[1]",
+        str(info.exception),
+    )
+
   def test_pmap_out_axes_conflict_names_out_axes(self):
     def f(x):
       n = Param(x)
