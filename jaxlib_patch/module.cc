@@ -253,6 +253,16 @@ NB_MODULE(pytree, m) {
            "tree but for their sharing (else ValueError), sharing a node "
            "only where both do.",
            nb::sig("def common_sharing(self, other: PyTreeDef) -> PyTreeDef"))
+      .def("sharing_difference", &PyTreeDef::SharingDifference,
+           nb::arg("other"),
+           "The first place (pre-order) where this treedef and `other`, the "
+           "same tree but for their sharing (else ValueError), differ in "
+           "sharing: `(path, type, here, there)`, the place (a key path) and "
+           "its node's type, and the earlier place that is the same node in "
+           "this treedef and in `other` (None: a node of its own). None if "
+           "both share alike.",
+           nb::sig("def sharing_difference(self, other: PyTreeDef) -> "
+                   "tuple[tuple, type, tuple | None, tuple | None] | None"))
       .def("__repr__", &PyTreeDef::ToString)
       .def("__eq__",
            [](const PyTreeDef& self, nb::handle other) {

@@ -291,6 +291,11 @@ class PyTreeDef {
   // The tree of this treedef and `other` (the same tree but for sharing, else
   // ValueError), sharing a node only where both do.
   PyTreeDef CommonSharing(const PyTreeDef& other) const;
+  // The first place, in pre-order, where this treedef and `other` (the same
+  // tree but for sharing, else ValueError) differ in sharing: (its key path,
+  // the node's type, the key path of the earlier place that is the same node
+  // here or None, the same there or None); None if they share alike.
+  nb::object SharingDifference(const PyTreeDef& other) const;
 
   // --- serialization.cc
   nb::object GetState() const;

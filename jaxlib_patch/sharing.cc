@@ -8,6 +8,7 @@
 // Both walks follow references into their targets, so they visit the tree as
 // stock would have flattened it, each shared subtree once per occurrence.
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -203,7 +204,100 @@ class CommonSharingWalk {
       written_;
 };
 
+// PyTreeDef.sharing_difference: walks two treedefs of one tree together, in
+// pre-order, and finds the first place where one repeats a node that the
+// other does not repeat, or repeats another.
+class SharingDifferenceWalk {
+ public:
+  SharingDifferenceWalk(const PyTreeDef& a, const PyTreeDef& b)
+      : a_(a), b_(b), first_a_(a.traversal().size()),
+        first_b_(b.traversal().size()) {}
+
+  nb::object Run() {
+    Visit(a_.traversal().size() - 1, b_.traversal().size() - 1);
+    return difference_.is_valid() ? difference_ : nb::none();
+  }
+
+ private:
+  // A place, as the child ordinals from the root, with the nodes of `a`
+  // passed on the way (for the keys).
+  using Steps = std::vector<std::pair<Py_ssize_t, size_t>>;
+
+  static bool SamePlace(const Steps* x, const Steps* y) {
+    if (x == nullptr || y == nullptr) return x == y;
+    if (x->size() != y->size()) return false;
+    for (size_t i = 0; i < x->size(); ++i) {
+      if ((*x)[i].second != (*y)[i].second) return false;
+    }
+    return true;
+  }
+
+  nb::object KeyPath(const Steps* steps) const {
+    if (steps == nullptr) return nb::none();
+    nb::list keys;
+    for (const auto& [node, child] : *steps) {
+      keys.append(ChildKey(a_.traversal()[node], child));
+    }
+    return nb::tuple(keys);
+  }
+
+  // Returns false once a difference is found.
+  bool Visit(Py_ssize_t at_a, Py_ssize_t at_b) {
+    RecursionGuard guard(kInSharingQuery);
+    const Py_ssize_t a = Resolve(a_, at_a), b = Resolve(b_, at_b);
+    const Node& node = a_.traversal()[a];
+    if (!SameNode(node, b_.traversal()[b])) {
+      throw nb::value_error(
+          ("PyTree structures differ at " + PathText() +
+           ", not only in their sharing of nodes.")
+              .c_str());
+    }
+    if (PreservesIdentity(node.custom)) {
+      const Steps* seen_a = first_a_[a] ? &*first_a_[a] : nullptr;
+      const Steps* seen_b = first_b_[b] ? &*first_b_[b] : nullptr;
+      if (!SamePlace(seen_a, seen_b)) {
+        difference_ = nb::make_tuple(KeyPath(&steps_), node.custom->type,
+                                     KeyPath(seen_a), KeyPath(seen_b));
+        return false;
+      }
+      if (seen_a != nullptr) return true;  // Repeated in both: compared.
+      first_a_[a] = steps_;
+      first_b_[b] = steps_;
+    }
+    const std::vector<Py_ssize_t> a_children = a_.ChildIndices(a);
+    const std::vector<Py_ssize_t> b_children = b_.ChildIndices(b);
+    for (size_t k = 0; k < a_children.size(); ++k) {
+      steps_.push_back({a, k});
+      const bool same = Visit(a_children[k], b_children[k]);
+      steps_.pop_back();
+      if (!same) return false;
+    }
+    return true;
+  }
+
+  std::string PathText() const {
+    std::string text = "tree";
+    for (const auto& [node, child] : steps_) {
+      text += Str(ChildKey(a_.traversal()[node], child));
+    }
+    return text;
+  }
+
+  const PyTreeDef& a_;
+  const PyTreeDef& b_;
+  // By resolved node: the place where the walk first met it.
+  std::vector<std::optional<Steps>> first_a_, first_b_;
+  Steps steps_;
+  nb::object difference_;
+};
+
 }  // namespace
+
+nb::object PyTreeDef::SharingDifference(const PyTreeDef& other) const {
+  RequireNoExternalReferences(*this, "compare");
+  RequireNoExternalReferences(other, "compare with");
+  return SharingDifferenceWalk(*this, other).Run();
+}
 
 PyTreeDef PyTreeDef::Unshared() const {
   RequireNoExternalReferences(*this, "unshare");

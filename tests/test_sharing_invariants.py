@@ -943,6 +943,28 @@ def test_common_sharing_shares_where_both_do(x, data):
   other_td.expansion_indices(common)
 
 
+@SETTINGS
+@given(dags(), st.data())
+def test_sharing_difference_finds_the_first_place(x, data):
+  """sharing_difference is None exactly for equal treedefs; otherwise it
+  names a place where one treedef repeats an earlier node and the other does
+  not (or repeats another), the same place whichever asks."""
+  _, td = flatten(x)
+  other = drawn_breakage(x, data)
+  _, other_td = flatten(other)
+  assert td.sharing_difference(td) is None
+  difference = td.sharing_difference(other_td)
+  assert (difference is None) == (td == other_td)
+  if difference is not None:
+    path, node_type, here, there = difference
+    assert node_type in OPTED
+    assert here != there
+    assert other_td.sharing_difference(td) == (path, node_type, there, here)
+    # The earlier places come before the place itself (pre-order).
+    for earlier in (here, there):
+      assert earlier is None or earlier != path
+
+
 def test_sharing_queries_reject_other_trees():
   k = KNode("k", [Leaf()])
   _, td = flatten((k, k))
@@ -951,12 +973,15 @@ def test_sharing_queries_reject_other_trees():
     td.common_sharing(other)
   with pytest.raises(ValueError, match="structures differ"):
     td.expansion_indices(other)
+  with pytest.raises(ValueError, match="structures differ"):
+    td.sharing_difference(other)
   child = td.children()[1]
   assert child.has_external_references
   for query in (
       child.unshared,
       lambda: child.expansion_indices(child),
       lambda: td.common_sharing(child),
+      lambda: td.sharing_difference(child),
   ):
     with pytest.raises(ValueError, match="outside of it"):
       query()
