@@ -4,6 +4,7 @@ Usage::
 
     python bench/bench_jit.py [--quick] [--json out.json]
         [--stock-python PY] [--patched-python PY] [--runs N] [--rounds N]
+        [--platforms cpu]
 
 The patched jax (0.10.2+relid) and stock jax 0.10.2 cannot be imported in one
 process, so this script is a parent that runs itself as child processes: one
@@ -53,6 +54,9 @@ the per-pair ratios is shown too.
 It also reports, for the model cases, the number of parameters of the lowered
 HLO module (``jit(f).lower(model).as_text()``) and the time to trace+lower,
 to compile, and of a first call of a fresh ``jax.jit``.
+
+The children run on CPU (``--platforms cpu``); ``--platforms ''`` leaves the
+platform to jax, as build/check_gpu.py does to time the cases on a GPU.
 """
 
 import argparse
@@ -114,7 +118,8 @@ def child_main(args):
   import numpy as np
   from jax import tree_util
 
-  jax.config.update("jax_platforms", "cpu")
+  if args.platforms:
+    jax.config.update("jax_platforms", args.platforms)
   register = tree_util.register_pytree_node
   import inspect
 
@@ -546,10 +551,14 @@ def run_child(python, variant, args, tmpdir, k):
       str(args.rounds),
       "--seed",
       str(args.seed),
+      "--platforms",
+      args.platforms,
       "--compile-reps",
       str(args.compile_reps),
   ]
-  env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+  if args.platforms:
+    env["JAX_PLATFORMS"] = args.platforms
   t0 = time.perf_counter()
   proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
   if proc.returncode != 0:
@@ -801,6 +810,13 @@ def main():
   )
   ap.add_argument("--compile-reps", type=int, default=3)
   ap.add_argument("--seed", type=int, default=12345)
+  ap.add_argument(
+      "--platforms",
+      default="cpu",
+      help="jax_platforms of the children (default %(default)s; '' leaves "
+      "jax's own choice, e.g. the GPU; build/check_gpu.py runs the patched "
+      "child that way)",
+  )
   ap.add_argument(
       "--strict", action="store_true", help="exit 1 if a target is missed"
   )
