@@ -124,6 +124,11 @@ class StockEntryPointsTest(jtu.JaxTestCase):
     )
     self.assertEqual(dynamic, [2])
     self.assertIn("static args (positional + keyword): [1]", str(signature))
+    # Its treedefs are the given registry's, as with stock's own registry.
+    self.assertEqual(
+        signature.dynamic_arg_treedefs,
+        [tree_util.default_registry.flatten(0)[1]],
+    )
     self.assertIs(
         jax_jit.PyArgSignature, jax._src.lib._stock_jax_jit.PyArgSignature
     )
