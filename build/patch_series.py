@@ -73,6 +73,9 @@ def checkout(folder: Path, version: str, wheel: Path | None) -> None:
     archive.extractall(folder, [n for n in archive.namelist()
                                 if n.startswith("jax/")])
   git(folder, "init", "-q")
+  # A venv pointed at the checkout writes bytecode there: never a change.
+  with open(folder / ".git" / "info" / "exclude", "a") as exclude:
+    exclude.write("__pycache__/\n")
   git(folder, "add", "-A")
   git(folder, "commit", "-q", "-m", STOCK_SUBJECT.format(version=version))
   for path in series_files(version):
