@@ -7,7 +7,6 @@
 #include <tsl/robin_map.h>
 
 #include "jaxlib_patch/flatten_common.h"
-#include "jaxlib_patch/identity_scope.h"
 #include "jaxlib_patch/pytree.h"
 
 namespace jaxlib_patch {
@@ -19,8 +18,15 @@ namespace {
 // own for a first occurrence, its target's for a reference.
 class SharingChecker {
  public:
-  explicit SharingChecker(const PyTreeDef& treedef)
-      : treedef_(treedef), claims_(treedef.traversal().size()) {
+  // The usual causes, for a user who meets the mismatch in an optimizer or a
+  // checkpoint library's tree.map.
+  static constexpr const char* kHint =
+      " Trees matched against each other must share the same nodes: was one "
+      "of them (an optimizer state, say) built before the class was opted in "
+      "to relative identities, or from another model?";
+
+  SharingChecker(const PyTreeDef& treedef, nb::handle tree)
+      : treedef_(treedef), tree_(tree), claims_(treedef.traversal().size()) {
     // One entry per opted-in first occurrence at most (unless the tree does
     // not match): sized once, the map never rehashes as it fills.
     size_t first_occurrences = 0;
@@ -36,7 +42,7 @@ class SharingChecker {
     const Py_ssize_t canonical = position - node.shared_distance;
     if (canonical < 0) {
       throw nb::value_error(("Cannot flatten up to a PyTreeDef whose node at " +
-                             treedef_.PathTo(position) +
+                             Path(position) +
                              " refers to a shared node outside of it.")
                                 .c_str());
     }
@@ -46,9 +52,9 @@ class SharingChecker {
           ("PyTree sharing mismatch: the tree holds the same " +
            TypeName(
                nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr())))) +
-           " object at " + treedef_.PathTo(position) + " and at " +
-           treedef_.PathTo(claims_[owner->second].position) +
-           ", where the PyTreeDef has two separate nodes.")
+           " object at " + Path(position) + " and at " +
+           Path(claims_[owner->second].position) +
+           ", where the PyTreeDef has two separate nodes." + kHint)
               .c_str());
     }
     Claim& claim = claims_[canonical];
@@ -57,15 +63,41 @@ class SharingChecker {
     } else if (!claim.object.is(obj)) {
       throw nb::value_error(
           ("PyTree sharing mismatch: the PyTreeDef shares the node at " +
-           treedef_.PathTo(position) + " with the one at " +
-           treedef_.PathTo(claim.position) +
-           ", but the tree holds different objects there.")
+           Path(position) + " with the one at " + Path(claim.position) +
+           ", but the tree holds different objects there." + kHint)
               .c_str());
     }
   }
 
  private:
+  // The place of a node, for the errors: keyed as flatten_with_path keys it,
+  // read off the tree's own objects (a custom node's keys are known only
+  // to its flatten_with_keys); by flat index if that fails.
+  std::string Path(Py_ssize_t index) const {
+    try {
+      std::string text = "tree";
+      Py_ssize_t at = treedef_.traversal().size() - 1;
+      nb::object object = nb::borrow(tree_);
+      while (at != index) {
+        const std::vector<Py_ssize_t> children = treedef_.ChildIndices(at);
+        size_t k = 0;
+        while (children[k] < index) ++k;  // The child whose subtree holds it.
+        nb::object level =
+            FlattenOneLevelWithKeys(*treedef_.registry(), object);
+        nb::list pairs = CopyToList(nb::borrow<nb::tuple>(level)[0]);
+        nb::tuple pair = nb::borrow<nb::tuple>(pairs[k]);
+        text += Str(pair[0]);
+        object = nb::borrow(pair[1]);
+        at = children[k];
+      }
+      return text;
+    } catch (const std::exception&) {
+      return treedef_.PathTo(index);
+    }
+  }
+
   const PyTreeDef& treedef_;
+  nb::handle tree_;  // Alive: flatten_up_to's argument.
   // Which canonical index each object met so far stands for.
   tsl::robin_map<PyObject*, Py_ssize_t, PointerHash> owner_;
   // By canonical index: the object expected there, and the position that
@@ -118,7 +150,7 @@ nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
     nb::object object = std::move(agenda.back());
     agenda.pop_back();
     if (PreservesIdentity(node.custom)) {
-      if (!sharing) sharing.emplace(*this);
+      if (!sharing) sharing.emplace(*this, tree);
       sharing->Check(object, i);
       if (node.is_reference()) continue;
     }
