@@ -1,0 +1,408 @@
+"""The numbers and claims of README.md and docs/ agree with the code.
+
+docs_test.py runs the documents' code blocks; this file checks what prose
+says and no block can: how many patches there are, what `jax.jit` returns,
+what `Exported.serialize()` raises, which public names exist, which
+benchmark rows and numbers the documents copy from docs/benchmarks.md, how
+large the C++ is. Each claim is written in one recognisable phrase that a
+test here parses, so that a document that falls behind the code fails.
+"""
+
+import dataclasses
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import textwrap
+import types
+
+import jax
+import jax.numpy as jnp
+from jax import export
+from jax import tree_util
+import pytest
+
+import docs_test
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+SERIES = ROOT / "jax_patch" / "0.10.2" / "series"
+# The documents that tell the project's story; docs/benchmarks.md is where
+# their numbers come from.
+STORY = ("README.md", "docs/proposal.md", "docs/api.md", "docs/guide.md")
+BENCHMARKS = ROOT / "docs" / "benchmarks.md"
+PORTABLE_MARKER = "# Portable: runs on stock JAX and on the patched wheels."
+
+
+def read(doc):
+  return (ROOT / doc).read_text()
+
+
+def flat(text):
+  """`text` with every run of whitespace one space: phrases that a line
+  break splits still match."""
+  return re.sub(r"\s+", " ", text)
+
+
+def patches():
+  return [line for line in SERIES.read_text().split() if line]
+
+
+def test_series_lists_every_patch_file():
+  files = sorted(p.name for p in SERIES.parent.glob("*.patch"))
+  assert patches() == files
+
+
+def test_patch_count_the_docs_state():
+  counts = {
+      doc: [int(n) for n in re.findall(r"\b(\d+) patches\b", flat(read(doc)))]
+      for doc in STORY
+  }
+  # The README and the proposal must say it; the others may.
+  assert counts["README.md"] and counts["docs/proposal.md"], counts
+  for doc, found in counts.items():
+    for n in found:
+      assert n == len(patches()), (
+          f"{doc} says {n} patches; jax_patch/0.10.2/series has "
+          f"{len(patches())}"
+      )
+
+
+def test_every_patch_is_in_jax_integration():
+  text = read("docs/jax-integration.md")
+  missing = [
+      name for name in patches() if name.removesuffix(".patch") not in text
+  ]
+  assert not missing, f"docs/jax-integration.md does not list {missing}"
+
+
+def test_every_patch_is_in_the_proposals_audit():
+  proposal = read("docs/proposal.md")
+  audit = proposal[
+      proposal.index("**Where JAX relied on trees.**") : proposal.index(
+          "## Alternatives"
+      )
+  ]
+  named = set(re.findall(r"\b(\d{4})\b", audit))
+  missing = [name[:4] for name in patches() if name[:4] not in named]
+  assert not missing, f"the proposal's audit names no patch {missing}"
+
+
+def test_jit_type_the_docs_name():
+  jitted = type(jax.jit(lambda x: x))
+  actual = f"{jitted.__module__}.{jitted.__qualname__}"
+  named = {
+      doc: re.findall(r"`type\(jax\.jit\(f\)\)` is `([\w.]+)`", flat(read(doc)))
+      for doc in STORY
+  }
+  for doc in ("docs/proposal.md", "docs/api.md", "docs/guide.md"):
+    assert named[doc], f"{doc} does not say what type(jax.jit(f)) is"
+  for doc, types_named in named.items():
+    for name in types_named:
+      assert name == actual, f"{doc} names {name}; it is {actual}"
+
+
+@pytest.mark.parametrize(
+    "stale",
+    [
+        # jax.jit was a Python function around stock's PjitFunction before
+        # the C++ front door; it is not any more.
+        r"jax\.jit\(f\)` returns a Python function",
+        r"returns a Python function around",
+        r"about 1\.2 µs",
+        r"seed \d{3}",  # local file names of public threads
+        r"Not benchmarked here; plain `eqx\.filter_jit`",
+    ],
+)
+def test_no_story_doc_repeats_a_stale_claim(stale):
+  for doc in STORY:
+    assert not re.search(stale, flat(read(doc))), f"{doc}: {stale!r}"
+
+
+def test_export_serialize_error_the_docs_quote():
+  quoted = {
+      doc: re.findall(
+          r"`Exported\.serialize\(\)` raises `(\w+): ([^`]+)`", flat(read(doc))
+      )
+      for doc in STORY
+  }
+  assert quoted["docs/proposal.md"] and quoted["docs/api.md"], quoted
+
+  @tree_util.register_dataclass(preserve_relative_identities=True)
+  @dataclasses.dataclass
+  class Box:
+    value: jax.Array
+
+  box = Box(jnp.ones(2))
+  exported = export.export(jax.jit(lambda a, b: a.value + b.value))(box, box)
+  with pytest.raises(Exception) as info:
+    exported.serialize()
+  for doc, pairs in quoted.items():
+    for type_name, start in pairs:
+      assert type(info.value).__name__ == type_name, doc
+      assert str(info.value).startswith(
+          start
+      ), f"{doc} quotes {start!r}; the message is {str(info.value)!r}"
+
+
+def test_public_names_the_docs_list_exist():
+  for doc in STORY:
+    text = read(doc)
+    # jax's docs/jax.tree_util.rst is a file, not a name.
+    pattern = r"\bjax\.tree_util\.([A-Za-z_]\w*)(?!\w*\.rst)"
+    for name in set(re.findall(pattern, text)) - {"rst"}:
+      assert hasattr(tree_util, name), f"{doc}: jax.tree_util.{name}"
+    for name in set(re.findall(r"\bjax\.tree\.([A-Za-z_]\w*)", text)):
+      assert hasattr(jax.tree, name), f"{doc}: jax.tree.{name}"
+
+
+def new_tree_util_names():
+  """The names the patch series adds to jax/tree_util.py's exports."""
+  names = set()
+  for name in patches():
+    text = (SERIES.parent / name).read_text()
+    for hunk in re.split(r"^--- ", text, flags=re.M)[1:]:
+      if hunk.startswith("a/jax/tree_util.py"):
+        names |= set(re.findall(r"^\+\s+(\w+) as \1,$", hunk, flags=re.M))
+  return names
+
+
+def test_new_public_names_are_documented_and_get_rst_entries():
+  new = new_tree_util_names()
+  assert new >= {"preserve_relative_identities", "tree_unshare"}, new
+  proposal = read("docs/proposal.md")
+  rst = re.search(r"```diff\n(.*?)```", proposal, flags=re.S)
+  assert rst, "the proposal gives no .rst entries"
+  entries = set(re.findall(r"^\+\s+(\w+)$", rst.group(1), flags=re.M))
+  assert entries == new
+  api = read("docs/api.md")
+  for name in new:
+    assert hasattr(tree_util, name)
+    assert f"jax.tree_util.{name}" in api, f"api.md does not document {name}"
+
+
+def table_rows(text):
+  return [
+      line.strip()
+      for line in text.splitlines()
+      if line.startswith("|") and not re.match(r"^\|[-| ]+\|$", line)
+  ]
+
+
+def test_the_proposals_benchmark_tables_copy_benchmarks_md():
+  proposal = read("docs/proposal.md")
+  performance = proposal[
+      proposal.index("## Performance") : proposal.index("## How it ships")
+  ]
+  measured = set(table_rows(BENCHMARKS.read_text()))
+  rows = table_rows(performance)
+  assert len(rows) > 10
+  for row in rows:
+    assert row in measured, f"not a row of benchmarks.md: {row}"
+
+
+# Numbers that a document quotes from docs/benchmarks.md in prose.
+QUOTED = {
+    "docs/proposal.md": [
+        "1.00–1.02x",
+        "1.045x",
+        "45.3",
+        "36.0",
+        "870.7",
+        "418.2",
+        "853.9",
+        "584.1",
+        "18.8x",
+        "16.2x",
+        "1161.1",
+        "1179.4",
+        "25.6x",
+        "32.7x",
+        "2331.7",
+        "973.5",
+        "51.4x",
+        "27.0x",
+        "0.615",
+        "1.063",
+        "9–11x",
+        "54.0",
+        "129.5",
+        "32.6",
+        "328.7",
+    ],
+    "docs/api.md": ["1.00–1.02x"],
+    "docs/guide.md": [
+        "0.05–0.08x",
+        "1.00–1.02x",
+        "25.6–32.7x",
+        "9–11x",
+    ],
+}
+
+
+@pytest.mark.parametrize("doc", sorted(QUOTED))
+def test_quoted_numbers_are_benchmarks_numbers(doc):
+  text, measured = flat(read(doc)), flat(BENCHMARKS.read_text())
+  for number in QUOTED[doc]:
+    assert number in text, f"{doc} no longer quotes {number}: update QUOTED"
+    # A range the document joins (25.6–32.7x) may be two cells there.
+    parts = re.split(r"–", number.rstrip("x"))
+    assert number in measured or all(
+        p in measured for p in parts
+    ), f"{doc} quotes {number}, which benchmarks.md does not have"
+
+
+def cxx_lines(names):
+  return sum(
+      len((ROOT / "jaxlib_patch" / n).read_text().splitlines()) for n in names
+  )
+
+
+# The proposal says "about": its counts may lag edits of the C++ by this
+# fraction before this test asks for them to be redone.
+LINE_COUNT_TOLERANCE = 0.10
+
+
+def test_the_proposals_cxx_line_counts():
+  proposal = flat(read("docs/proposal.md"))
+  total = re.search(
+      r"`wc -l jaxlib_patch/\*\.cc jaxlib_patch/\*\.h`, ([\d,]+) lines",
+      proposal,
+  )
+  assert total, "the proposal gives no total of the C++"
+  every = [
+      p.name
+      for p in (ROOT / "jaxlib_patch").iterdir()
+      if p.suffix in (".cc", ".h")
+  ]
+  claimed = int(total.group(1).replace(",", ""))
+  assert (
+      abs(claimed - cxx_lines(every)) <= LINE_COUNT_TOLERANCE * claimed
+  ), f"the proposal says {claimed} lines of C++; there are {cxx_lines(every)}"
+  table = read("docs/proposal.md")
+  table = table[
+      table.index("**Estimated size.**") : table.index("**Test plan.**")
+  ]
+  rows = [r for r in table_rows(table) if "`" in r.split("|")[2]]
+  assert len(rows) >= 10
+  covered = set()
+  for row in rows:
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    names = re.findall(r"`([\w.]+\.(?:cc|h))`", cells[1])
+    covered |= set(names)
+    claimed = int(cells[2])
+    assert abs(claimed - cxx_lines(names)) <= LINE_COUNT_TOLERANCE * claimed, (
+        f"{names}: the proposal says {claimed} lines, there are "
+        f"{cxx_lines(names)}"
+    )
+  assert covered == set(every), set(every) ^ covered
+
+
+# Paths the documents name in a jax checkout, not in this repository.
+JAX_CHECKOUT_PATHS = {
+    "build/test-requirements.txt",
+    "docs/custom_pytrees.md",
+    "docs/jax.tree_util.rst",
+    "tests/documentation_coverage_test.py",
+    "tests/tree_util_test.py",
+}
+
+
+def test_paths_the_docs_name_exist():
+  pattern = re.compile(
+      r"`((?:bench|tests|jaxlib_patch|jax_patch|build|fuzz|examples|docs)"
+      r"/[\w./-]*\.\w+)`"
+  )
+  missing = [
+      (doc, path)
+      for doc in STORY
+      for path in sorted(set(pattern.findall(read(doc))) - JAX_CHECKOUT_PATHS)
+      if not (ROOT / path).exists()
+  ]
+  assert not missing, missing
+
+
+def slug(heading):
+  """The anchor GitHub gives a Markdown heading."""
+  text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+  return text.replace(" ", "-")
+
+
+def test_links_to_sections_land_on_headings():
+  for doc in STORY:
+    here = ROOT / doc
+    for target, anchor in re.findall(r"\]\(([\w./-]*)#([\w-]+)\)", read(doc)):
+      path = (here.parent / target) if target else here
+      headings = re.findall(r"^#+ (.+)$", path.read_text(), flags=re.M)
+      assert anchor in {slug(h) for h in headings}, f"{doc}: {target}#{anchor}"
+
+
+def test_readme_says_what_the_build_and_benchmarks_need():
+  readme = flat(read("README.md"))
+  assert "network access to the package index" in readme
+  assert re.search(r"bench/bench_pytree\.py`[^.]*needs `optree`", readme)
+
+
+@pytest.mark.parametrize("doc", STORY)
+def test_no_python_block_imports_a_module_twice(doc):
+  for block in docs_test.python_blocks(doc):
+    imports = [
+        line.strip()
+        for line in block.source.splitlines()
+        if re.match(r"\s*(import|from) \S+", line)
+    ]
+    twice = {line for line in imports if imports.count(line) > 1}
+    assert not twice, f"{doc} line {block.first_line}: {twice}"
+
+
+def test_readme_python_blocks_run():
+  # docs_test.py runs the three documents of docs/; the README's example is
+  # the first code a reader copies, so it runs too.
+  module = types.ModuleType("docs_readme")
+  sys.modules[module.__name__] = module
+  try:
+    blocks = docs_test.python_blocks("README.md")
+    assert blocks
+    for block in blocks:
+      source = "\n" * (block.first_line - 1) + block.source
+      exec(compile(source, str(ROOT / "README.md"), "exec"), module.__dict__)
+  finally:
+    del sys.modules[module.__name__]
+
+
+def portable_block():
+  blocks = [
+      b
+      for b in docs_test.python_blocks("docs/guide.md")
+      if b.source.startswith(PORTABLE_MARKER)
+  ]
+  assert len(blocks) == 1, "the guide's portable block is missing"
+  return blocks[0].source
+
+
+def run_isolated(python, source):
+  # -E -s: nothing of this environment (PYTHONPATH, user site) leaks in; run
+  # from an empty folder so that no checkout shadows the installed jax.
+  done = subprocess.run(
+      [python, "-E", "-s", "-c", source],
+      capture_output=True,
+      text=True,
+      cwd=pathlib.Path(os.sep),
+  )
+  assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_portable_block_runs_on_the_patched_wheels():
+  run_isolated(sys.executable, portable_block())
+
+
+def test_portable_block_runs_on_stock_jax():
+  python = os.environ.get("JAXLIB_PATCH_STOCK_PYTHON")
+  if not python:
+    pytest.skip("JAXLIB_PATCH_STOCK_PYTHON (stock jax 0.10.2) is not set")
+  check = textwrap.dedent("""
+      import jax.tree_util
+      assert not hasattr(jax.tree_util, "preserve_relative_identities"), (
+          "JAXLIB_PATCH_STOCK_PYTHON has the patched jax, not stock's")
+      """)
+  run_isolated(python, check + portable_block())
