@@ -371,28 +371,39 @@ def _namedtuples(depth):
 
 def _mixed(n):
   """A model-like tree of about n leaves: layers of arrays, floats, None."""
-  layer = lambda i: {"w": np.zeros(4), "b": float(i), "scale": None,
-                     "extra": (i, np.ones(2))}
+  layer = lambda i: {
+      "w": np.zeros(4),
+      "b": float(i),
+      "scale": None,
+      "extra": (i, np.ones(2)),
+  }
   return {"layers": [layer(i) for i in range(max(1, n // 4))], "step": 0}
 
 
 def make_grid():
   """Workload label -> plain tree (no node of an opted-in class)."""
   array = np.zeros(3)
-  leaf_kinds = {"ints": lambda i: i, "floats": float,
-                "array": lambda i: array, "None": lambda i: None}
+  leaf_kinds = {
+      "ints": lambda i: i,
+      "floats": float,
+      "array": lambda i: array,
+      "None": lambda i: None,
+  }
   grid = {}
   for size in GRID_SIZES:
     for kind, make in leaf_kinds.items():
       items = [make(i) for i in range(size)]
       grid[f"list of {size} {kind}"] = items
       grid[f"tuple of {size} {kind}"] = tuple(items)
-      grid[f"dict of {size} {kind}"] = {f"k{i:06d}": x
-                                        for i, x in enumerate(items)}
-    grid[f"namedtuples, {3 ** round(math.log(size, 3))} leaves"] = (
-        _namedtuples(round(math.log(size, 3))))
-    grid[f"{size // 2} custom pairs"] = [Pair(float(i), array)
-                                          for i in range(size // 2)]
+      grid[f"dict of {size} {kind}"] = {
+          f"k{i:06d}": x for i, x in enumerate(items)
+      }
+    grid[f"namedtuples, {3 ** round(math.log(size, 3))} leaves"] = _namedtuples(
+        round(math.log(size, 3))
+    )
+    grid[f"{size // 2} custom pairs"] = [
+        Pair(float(i), array) for i in range(size // 2)
+    ]
     grid[f"mixed model, ~{size} leaves"] = _mixed(size)
   return grid
 
@@ -401,10 +412,11 @@ def grid_cells(grid):
   """(workload, op, library) -> callable, for stock and ours, plus the
   opted-in model without sharing (target 3)."""
   libraries = {}
-  for name, module, flags in (("stock", stock_pytree, {}),
-                              ("ours", our_pytree, {}),
-                              ("opt-in", our_pytree,
-                               {"preserve_relative_identities": True})):
+  for name, module, flags in (
+      ("stock", stock_pytree, {}),
+      ("ours", our_pytree, {}),
+      ("opt-in", our_pytree, {"preserve_relative_identities": True}),
+  ):
     registry = module.PyTreeRegistry()
     registry.register_node(Pair, pair_to_iterable, pair_from_iterable, **flags)
     libraries[name] = registry
@@ -416,13 +428,18 @@ def grid_cells(grid):
       leaves, treedef = registry.flatten(tree)
       twin = registry.flatten(tree)[1]
       cells[workload, "flatten", name] = functools.partial(
-          registry.flatten, tree)
+          registry.flatten, tree
+      )
       cells[workload, "unflatten", name] = functools.partial(
-          treedef.unflatten, leaves)
+          treedef.unflatten, leaves
+      )
       cells[workload, "flatten_up_to", name] = functools.partial(
-          treedef.flatten_up_to, tree)
-      cells[workload, "hash_eq", name] = (
-          lambda t=treedef, u=twin: (hash(t), t == u))
+          treedef.flatten_up_to, tree
+      )
+      cells[workload, "hash_eq", name] = lambda t=treedef, u=twin: (
+          hash(t),
+          t == u,
+      )
 
   for workload, tree in grid.items():
     stock_leaves, stock_treedef = libraries["stock"].flatten(tree)
@@ -431,16 +448,21 @@ def grid_cells(grid):
     assert all(x is y for x, y in zip(our_leaves, stock_leaves, strict=True))
     add(workload, tree, ("stock", "ours"))
   unshared_model = [Pair(np.zeros(2), float(i)) for i in range(2_000)]
-  add("opted-in model, 2000 pairs, no sharing", unshared_model,
-      ("stock", "opt-in"))
+  add(
+      "opted-in model, 2000 pairs, no sharing",
+      unshared_model,
+      ("stock", "opt-in"),
+  )
   return cells
 
 
 def grid_report(medians):
   """The grid's table (ratios to stock per op) and its targets."""
   workloads = list(dict.fromkeys(w for w, _, _ in medians))
-  lines = ["| workload | " + " | ".join(GRID_OPS) + " |",
-           "|" + "---|" * (len(GRID_OPS) + 1)]
+  lines = [
+      "| workload | " + " | ".join(GRID_OPS) + " |",
+      "|" + "---|" * (len(GRID_OPS) + 1),
+  ]
   plain, opted, failures = [], [], []
   for workload in workloads:
     library = "opt-in" if (workload, "flatten", "opt-in") in medians else "ours"
@@ -450,8 +472,10 @@ def grid_report(medians):
       row.append(f"{value:.2f}x")
       (opted if library == "opt-in" else plain).append(value)
       if value > 1.0 and (library == "ours" or op != "hash_eq"):
-        failures.append(f"FAIL  {workload} {op} {library}/stock = {value:.2f}x"
-                        " (target <= 1.00x)")
+        failures.append(
+            f"FAIL  {workload} {op} {library}/stock = {value:.2f}x"
+            " (target <= 1.00x)"
+        )
     lines.append(f"| {workload} ({library}) | " + " | ".join(row) + " |")
   geomean = math.exp(sum(map(math.log, plain)) / len(plain))
   summary = [
@@ -537,10 +561,12 @@ def main(argv=None):
   print(f"\n{len(results) - failed}/{len(results)} targets met")
   grid_medians = {}
   if args.grid:
-    grid_samples, _ = measure(grid_cells(make_grid()), args.batch_ms / 1e3,
-                              max(5, args.rounds // 20))
-    grid_medians = {key: statistics.median(times)
-                    for key, times in grid_samples.items()}
+    grid_samples, _ = measure(
+        grid_cells(make_grid()), args.batch_ms / 1e3, max(5, args.rounds // 20)
+    )
+    grid_medians = {
+        key: statistics.median(times) for key, times in grid_samples.items()
+    }
     table, failures, summary, _ = grid_report(grid_medians)
     print("\n# plain-tree grid\n" + table + "\n")
     print("\n".join(failures + summary))

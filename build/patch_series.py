@@ -35,9 +35,19 @@ STOCK_SUBJECT = "stock jax {version}"
 
 def git(cwd: Path, *args: str, stdin: str | None = None) -> str:
   result = subprocess.run(
-      ["git", "-c", "user.name=patch_series", "-c",
-       "user.email=patch_series@localhost", *args],
-      cwd=cwd, input=stdin, capture_output=True, text=True)
+      [
+          "git",
+          "-c",
+          "user.name=patch_series",
+          "-c",
+          "user.email=patch_series@localhost",
+          *args,
+      ],
+      cwd=cwd,
+      input=stdin,
+      capture_output=True,
+      text=True,
+  )
   if result.returncode != 0:
     sys.exit(f"git {' '.join(args)} failed:\n{result.stderr}")
   return result.stdout
@@ -54,14 +64,18 @@ def split_patch(text: str) -> tuple[str, str]:
   at = re.search(r"^--- a/", text, re.MULTILINE)
   if at is None:
     sys.exit("a patch file without a diff")
-  return text[:at.start()].strip("\n"), text[at.start():]
+  return text[: at.start()].strip("\n"), text[at.start() :]
 
 
 def stock_wheel(version: str) -> Path:
-  found = sorted(DOWNLOADS.glob(f"jax-{version}-*/jax-{version}-py3-none-any.whl"))
+  found = sorted(
+      DOWNLOADS.glob(f"jax-{version}-*/jax-{version}-py3-none-any.whl")
+  )
   if not found:
-    sys.exit(f"no jax {version} wheel under {DOWNLOADS}: run build/build.py "
-             "once, or pass --wheel")
+    sys.exit(
+        f"no jax {version} wheel under {DOWNLOADS}: run build/build.py "
+        "once, or pass --wheel"
+    )
   return found[0]
 
 
@@ -70,8 +84,9 @@ def checkout(folder: Path, version: str, wheel: Path | None) -> None:
     sys.exit(f"{folder} exists")
   folder.mkdir(parents=True)
   with zipfile.ZipFile(wheel or stock_wheel(version)) as archive:
-    archive.extractall(folder, [n for n in archive.namelist()
-                                if n.startswith("jax/")])
+    archive.extractall(
+        folder, [n for n in archive.namelist() if n.startswith("jax/")]
+    )
   git(folder, "init", "-q")
   # A venv pointed at the checkout writes bytecode there: never a change.
   with open(folder / ".git" / "info" / "exclude", "a") as exclude:
@@ -80,24 +95,36 @@ def checkout(folder: Path, version: str, wheel: Path | None) -> None:
   git(folder, "commit", "-q", "-m", STOCK_SUBJECT.format(version=version))
   for path in series_files(version):
     description, diff = split_patch(path.read_text())
-    subprocess.run(["patch", "-p1", "-s", "--no-backup-if-mismatch",
-                    "--fuzz=0"], cwd=folder, input=diff, text=True, check=True)
+    subprocess.run(
+        ["patch", "-p1", "-s", "--no-backup-if-mismatch", "--fuzz=0"],
+        cwd=folder,
+        input=diff,
+        text=True,
+        check=True,
+    )
     subject = re.sub(r"^\d+-", "", path.stem)
     git(folder, "add", "-A")
-    git(folder, "commit", "-q", "-F", "-",
-        stdin=f"{subject}\n\n{description}\n")
-  print(f"{folder}: stock jax {version} and {len(series_files(version))} "
-        "patch commits")
+    git(
+        folder, "commit", "-q", "-F", "-", stdin=f"{subject}\n\n{description}\n"
+    )
+  print(
+      f"{folder}: stock jax {version} and {len(series_files(version))} "
+      "patch commits"
+  )
 
 
 def export(folder: Path, version: str) -> None:
   log = git(folder, "log", "--reverse", "--format=%H %s").splitlines()
-  stock = [line.split()[0] for line in log
-           if line.split(" ", 1)[1] == STOCK_SUBJECT.format(version=version)]
+  stock = [
+      line.split()[0]
+      for line in log
+      if line.split(" ", 1)[1] == STOCK_SUBJECT.format(version=version)
+  ]
   if len(stock) != 1:
-    sys.exit(f"{folder} has no single commit '{STOCK_SUBJECT.format(version=version)}'")
-  commits = git(folder, "rev-list", "--reverse",
-                f"{stock[0]}..HEAD").split()
+    sys.exit(
+        f"{folder} has no single commit '{STOCK_SUBJECT.format(version=version)}'"
+    )
+  commits = git(folder, "rev-list", "--reverse", f"{stock[0]}..HEAD").split()
   out = PATCH_ROOT / version
   for old in out.glob("*.patch"):
     old.unlink()
@@ -107,15 +134,26 @@ def export(folder: Path, version: str) -> None:
     subject, _, description = message.partition("\n")
     if not re.fullmatch(r"[a-z0-9][a-z0-9-]*", subject):
       sys.exit(f"commit {commit[:12]}: subject {subject!r} is not a file name")
-    diff = git(folder, "diff", "-U3", "--no-prefix", "--no-renames",
-               "--src-prefix=a/", "--dst-prefix=b/", f"{commit}^", commit)
+    diff = git(
+        folder,
+        "diff",
+        "-U3",
+        "--no-prefix",
+        "--no-renames",
+        "--src-prefix=a/",
+        "--dst-prefix=b/",
+        f"{commit}^",
+        commit,
+    )
     # `patch` needs no git headers: keep only the ---/+++ and hunk lines.
     # Nor the function names git writes after a hunk header.
     diff = "".join(
         re.sub(r"^(@@ [^@]* @@).*", r"\1", line)
         for line in diff.splitlines(keepends=True)
-        if not line.startswith(("diff --git", "index ", "new file mode",
-                                "deleted file")))
+        if not line.startswith(
+            ("diff --git", "index ", "new file mode", "deleted file")
+        )
+    )
     name = f"{number:04d}-{subject}.patch"
     (out / name).write_text(f"{description.strip()}\n\n{diff}")
     names.append(name)
@@ -126,7 +164,8 @@ def export(folder: Path, version: str) -> None:
 def main() -> None:
   parser = argparse.ArgumentParser(
       description=__doc__.split("\n\n")[0],
-      formatter_class=argparse.RawDescriptionHelpFormatter)
+      formatter_class=argparse.RawDescriptionHelpFormatter,
+  )
   parser.add_argument("command", choices=["checkout", "export"])
   parser.add_argument("folder", type=Path)
   parser.add_argument("--version", default="0.10.2")

@@ -55,8 +55,9 @@ nb::object ChildKey(const Node& node, size_t k) {
     case PyTreeKind::kNamedTuple: {
       // A forged (unpickled) treedef may name a type with fewer fields.
       nb::object fields = node.node_data.attr("_fields");
-      return k < static_cast<size_t>(nb::len(fields)) ? MakeGetAttrKey(fields[k])
-                                                      : MakeSequenceKey(k);
+      return k < static_cast<size_t>(nb::len(fields))
+                 ? MakeGetAttrKey(fields[k])
+                 : MakeSequenceKey(k);
     }
     case PyTreeKind::kDataclass:
       return MakeGetAttrKey(node.custom->data_fields[k]);

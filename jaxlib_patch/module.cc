@@ -239,8 +239,7 @@ NB_MODULE(pytree, m) {
            "This tree with every shared node written out at each of its "
            "positions: the treedef stock jaxlib makes of the same tree.",
            nb::sig("def unshared(self) -> PyTreeDef"))
-      .def("expansion_indices", &PyTreeDef::ExpansionIndices,
-           nb::arg("finer"),
+      .def("expansion_indices", &PyTreeDef::ExpansionIndices, nb::arg("finer"),
            "For each leaf of `finer`, the index of the leaf of this treedef "
            "at the same place: `[leaves[i] for i in "
            "td.expansion_indices(finer)]` are the leaves of `finer`. `finer` "

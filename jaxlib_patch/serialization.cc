@@ -87,8 +87,8 @@ template <typename Int>
 static Int IntField(const nb::tuple& fields, size_t i, const char* what) {
   Int value = 0;
   if (!PyLong_Check(fields[i].ptr()) || !nb::try_cast(fields[i], value)) {
-    FailMalformedState(std::string(what) + " is not an integer: " +
-                       Repr(fields[i]));
+    FailMalformedState(std::string(what) +
+                       " is not an integer: " + Repr(fields[i]));
   }
   return value;
 }

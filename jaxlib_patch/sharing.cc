@@ -67,10 +67,9 @@ bool SameNode(const Node& a, const Node& b) {
 }
 
 [[noreturn]] void ThrowStructureMismatch(const WalkPath& path) {
-  throw nb::value_error(
-      ("PyTree structures differ at " + path.Text() +
-       ", not only in their sharing of nodes.")
-          .c_str());
+  throw nb::value_error(("PyTree structures differ at " + path.Text() +
+                         ", not only in their sharing of nodes.")
+                            .c_str());
 }
 
 // The leaf index of each traversal position: how many leaves come before it.
@@ -115,8 +114,8 @@ class ExpansionWalk {
         throw nb::value_error(
             ("PyTree sharing mismatch: the other PyTreeDef shares the node "
              "at " +
-             finer_path_.Text() + " with the one at " +
-             finer_.PathTo(target) + ", where this one has two separate nodes.")
+             finer_path_.Text() + " with the one at " + finer_.PathTo(target) +
+             ", where this one has two separate nodes.")
                 .c_str());
       }
       return;
@@ -129,7 +128,8 @@ class ExpansionWalk {
       indices_[finer_leaf_[at_finer]] = coarse_leaf_[coarse];
       return;
     }
-    const std::vector<Py_ssize_t> coarse_children = coarse_.ChildIndices(coarse);
+    const std::vector<Py_ssize_t> coarse_children =
+        coarse_.ChildIndices(coarse);
     const std::vector<Py_ssize_t> finer_children =
         finer_.ChildIndices(at_finer);
     for (size_t k = 0; k < finer_children.size(); ++k) {
@@ -210,7 +210,9 @@ class CommonSharingWalk {
 class SharingDifferenceWalk {
  public:
   SharingDifferenceWalk(const PyTreeDef& a, const PyTreeDef& b)
-      : a_(a), b_(b), first_a_(a.traversal().size()),
+      : a_(a),
+        b_(b),
+        first_a_(a.traversal().size()),
         first_b_(b.traversal().size()) {}
 
   nb::object Run() {
@@ -247,10 +249,9 @@ class SharingDifferenceWalk {
     const Py_ssize_t a = Resolve(a_, at_a), b = Resolve(b_, at_b);
     const Node& node = a_.traversal()[a];
     if (!SameNode(node, b_.traversal()[b])) {
-      throw nb::value_error(
-          ("PyTree structures differ at " + PathText() +
-           ", not only in their sharing of nodes.")
-              .c_str());
+      throw nb::value_error(("PyTree structures differ at " + PathText() +
+                             ", not only in their sharing of nodes.")
+                                .c_str());
     }
     if (PreservesIdentity(node.custom)) {
       const Steps* seen_a = first_a_[a] ? &*first_a_[a] : nullptr;

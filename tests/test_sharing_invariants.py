@@ -969,7 +969,9 @@ def test_sharing_queries_reject_other_trees():
   k = KNode("k", [Leaf()])
   _, td = flatten((k, k))
   _, other = flatten((k, [k]))
-  with pytest.raises(ValueError, match=r"PyTree structures differ at tree\[1\]"):
+  with pytest.raises(
+      ValueError, match=r"PyTree structures differ at tree\[1\]"
+  ):
     td.common_sharing(other)
   with pytest.raises(ValueError, match="structures differ"):
     td.expansion_indices(other)

@@ -70,9 +70,12 @@ class OrbaxRecipesTest(jtu.JaxTestCase):
     if isinstance(checkpointer, ocp.StandardCheckpointer):
       return checkpointer.restore(path, target)
     return checkpointer.restore(
-        path, args=ocp.args.PyTreeRestore(
+        path,
+        args=ocp.args.PyTreeRestore(
             item=target,
-            restore_args=ocp.checkpoint_utils.construct_restore_args(target)))
+            restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+        ),
+    )
 
   @parameterized.named_parameters(_checkpointers())
   def test_restore_with_a_target_gives_every_key_and_the_sharing(self, make):
@@ -86,7 +89,9 @@ class OrbaxRecipesTest(jtu.JaxTestCase):
   @parameterized.named_parameters(_checkpointers())
   def test_stock_layout_restores_every_key_without_a_target(self, make):
     with make() as checkpointer:
-      path = self._save(checkpointer, "stock", tree_util.tree_unshare(self.tree))
+      path = self._save(
+          checkpointer, "stock", tree_util.tree_unshare(self.tree)
+      )
       restored = self._restore(checkpointer, path)
     # Without a target Orbax gives nested dicts, as on stock JAX.
     self.assertEqual(set(restored), {"a", "b", "c"})
@@ -117,8 +122,11 @@ class OrbaxRecipesTest(jtu.JaxTestCase):
       self.assertArraysEqual(back[key].value, self.tree[key].value)
 
   def test_copies_that_differ_cannot_be_tied(self):
-    untied = {"a": Param(jnp.arange(3.0)), "b": Param(jnp.zeros(3)),
-              "c": Param(jnp.ones(2))}
+    untied = {
+        "a": Param(jnp.arange(3.0)),
+        "b": Param(jnp.zeros(3)),
+        "c": Param(jnp.ones(2)),
+    }
     with self.assertRaisesRegex(ValueError, r"tree_retie: the leaf at \['b'\]"):
       tree_util.tree_retie(untied, self.tree)
 

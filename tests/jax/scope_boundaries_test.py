@@ -114,7 +114,9 @@ def scan_carry_and_xs(a, b, k):
 def loop_updates_two_slots_apart(a, b, k):
   cls = type(a)
   p, r = lax.fori_loop(
-      0, 3, lambda i, c: (cls(c[0].value * k + c[1].value), cls(c[1].value * k)),
+      0,
+      3,
+      lambda i, c: (cls(c[0].value * k + c[1].value), cls(c[1].value * k)),
       (a, b),
   )
   return jnp.sum(p.value * r.value)
@@ -202,8 +204,12 @@ def _shared_and_stock(program, value, k, jit):
     grad, stock_grad = jax.grad, partial(jax.grad, argnums=(0, 1))
   g = grad(shared)(Param(value))
   g1, g2 = stock_grad(stock)(PlainParam(value), PlainParam(value))
-  return (shared(Param(value)), g.value,
-          stock(PlainParam(value), PlainParam(value)), g1.value + g2.value)
+  return (
+      shared(Param(value)),
+      g.value,
+      stock(PlainParam(value), PlainParam(value)),
+      g1.value + g2.value,
+  )
 
 
 class OneObjectTwoRolesTest(jtu.JaxTestCase):
@@ -221,17 +227,20 @@ class OneObjectTwoRolesTest(jtu.JaxTestCase):
   @given(
       # Mixed in reverse mode, or in forward mode where while_loop is.
       programs=st.one_of(
-          st.lists(st.sampled_from([p for p in PROGRAMS
-                                    if p not in FORWARD_ONLY]),
-                   min_size=1, max_size=3),
-          st.lists(st.sampled_from(FORWARD_CAPABLE), min_size=1, max_size=3)),
-      values=st.lists(
-          st.floats(0.125, 2.0, width=32), min_size=2, max_size=4
+          st.lists(
+              st.sampled_from([p for p in PROGRAMS if p not in FORWARD_ONLY]),
+              min_size=1,
+              max_size=3,
+          ),
+          st.lists(st.sampled_from(FORWARD_CAPABLE), min_size=1, max_size=3),
       ),
+      values=st.lists(st.floats(0.125, 2.0, width=32), min_size=2, max_size=4),
       k=st.sampled_from([-0.5, 0.3, 1.2]),
       jit=st.booleans(),
   )
-  def test_generated_programs_compute_as_on_stock(self, programs, values, k, jit):
+  def test_generated_programs_compute_as_on_stock(
+      self, programs, values, k, jit
+  ):
     def program(a, b, k):
       # A sum of the chosen programs, each seeing the two roles.
       return sum(p(a, b, k) for p in programs)
@@ -291,7 +300,9 @@ class IssueCasesTest(jtu.JaxTestCase):
     shared = Param(jnp.ones(3))
     carry, ys = lax.scan(
         lambda c, x: (Param(c.value + x.value), x.value * c.value[0]),
-        shared, shared)
+        shared,
+        shared,
+    )
     self.assertAllClose(carry.value, jnp.full(3, 4.0))
     self.assertAllClose(ys, jnp.array([1.0, 2.0, 3.0]))
 
@@ -300,9 +311,9 @@ class IssueCasesTest(jtu.JaxTestCase):
     operand, init = Param(jnp.arange(4.0)), Param(jnp.array(0.0))
     out = lax.reduce(operand, init, reducer, (0,))
     self.assertAllClose(out.value, 6.0)
-    jaxpr = jax.make_jaxpr(
-        lambda o: lax.reduce(o, init, reducer, (0,))
-    )(operand)
+    jaxpr = jax.make_jaxpr(lambda o: lax.reduce(o, init, reducer, (0,)))(
+        operand
+    )
     (reduce_eqn,) = [e for e in jaxpr.eqns if e.primitive.name == "reduce"]
     self.assertLen(reduce_eqn.params["jaxpr"].jaxpr.invars, 2)
 
@@ -313,7 +324,10 @@ class IssueCasesTest(jtu.JaxTestCase):
     ys = odeint(dynamics, y0, ts, y0)
     stock = odeint(
         lambda y, t, a: PlainParam(-a.value * y.value),
-        PlainParam(jnp.ones(2)), ts, PlainParam(jnp.ones(2)))
+        PlainParam(jnp.ones(2)),
+        ts,
+        PlainParam(jnp.ones(2)),
+    )
     self.assertAllClose(ys.value, stock.value)
 
   @parameterized.parameters(cg, bicgstab)

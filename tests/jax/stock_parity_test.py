@@ -143,7 +143,9 @@ class StockEntryPointsTest(jtu.JaxTestCase):
         [sys.executable, "-c", code], capture_output=True, text=True
     )
     self.assertNotEqual(result.returncode, 0)
-    self.assertIn("ImportError: This jax (with relative identities", result.stderr)
+    self.assertIn(
+        "ImportError: This jax (with relative identities", result.stderr
+    )
     self.assertIn("install the jaxlib wheel of the same version", result.stderr)
 
 

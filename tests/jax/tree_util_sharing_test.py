@@ -259,7 +259,9 @@ class TreeOpsTest(jtu.JaxTestCase):
     )
     self.assertIsNot(out.left, out.right)
     self.assertEqual((out.left.x, out.right.x), (2.0, 3.0))
-    out = jax.tree.map(lambda a, b: a + b, Parent(Child(1.0), Child(2.0)), parent)
+    out = jax.tree.map(
+        lambda a, b: a + b, Parent(Child(1.0), Child(2.0)), parent
+    )
     self.assertEqual((out.left.x, out.right.x), (2.0, 3.0))
 
   def test_leaves_and_structure(self):
