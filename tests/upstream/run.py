@@ -132,6 +132,20 @@ def pip_install(venv_dir: Path, *args: str) -> None:
     raise RunnerError(f"pip install failed in {venv_dir}")
 
 
+def python_tag(venv_dir: Path) -> str:
+  """The CPython tag of a venv's interpreter, as wheel names spell it."""
+  return subprocess.run(
+      [
+          str(venv_python(venv_dir)),
+          "-c",
+          "import sys; print(f'cp{sys.version_info[0]}{sys.version_info[1]}')",
+      ],
+      capture_output=True,
+      text=True,
+      check=True,
+  ).stdout.strip()
+
+
 def newest_wheel(dist: Path, pattern: str) -> Path:
   wheels = sorted(dist.glob(pattern), key=lambda p: p.stat().st_mtime)
   if not wheels:
@@ -160,16 +174,7 @@ def prepare_venvs(args) -> dict[str, Path]:
     pip_install(venv_dir, f"jax=={JAX_VERSION}", f"jaxlib=={JAX_VERSION}")
   jax_wheel = newest_wheel(args.dist, "jax-*+*-py3-none-any.whl")
   # build.py may write one jaxlib wheel per Python: take the venv's.
-  tag = subprocess.run(
-      [
-          str(venv_python(venvs["ours"])),
-          "-c",
-          "import sys; print(f'cp{sys.version_info[0]}{sys.version_info[1]}')",
-      ],
-      capture_output=True,
-      text=True,
-      check=True,
-  ).stdout.strip()
+  tag = python_tag(venvs["ours"])
   jaxlib_wheel = newest_wheel(args.dist, f"jaxlib-*+*-{tag}-{tag}-*.whl")
   print(f"custom wheels: {jax_wheel.name}, {jaxlib_wheel.name}", flush=True)
   # They replace stock jax and jaxlib; every dependency stays as on stock.

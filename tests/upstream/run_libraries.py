@@ -1,0 +1,284 @@
+#!/usr/bin/env python3
+"""Run Equinox's and Flax NNX's test suites on stock jax and on ours, opted in.
+
+Usage:
+  python3 tests/upstream/run_libraries.py [--equinox EQX_CHECKOUT]
+      [--flax FLAX_CHECKOUT] [--wheels DIR] [--stock-venv DIR]
+      [--ours-venv DIR] [--out DIR] [--jobs N] [--only-ours]
+
+EQX_CHECKOUT is an Equinox source tree at tag v0.13.8 (its tests/ and
+pyproject.toml are read), FLAX_CHECKOUT a Flax tree at v0.12.8 (tests/nnx and
+pyproject.toml); a suite whose checkout is not given is not run. Neither
+checkout may hold the library's own package folder: pytest puts a checkout's
+root on sys.path, and the suite must test the release installed from PyPI.
+
+Each suite runs once in the stock virtual environment (jax and jaxlib
+0.10.2 from PyPI) and once in the custom one (the wheels of WHEELS over
+stock's, --no-deps), there with the library's base classes opted in by the
+pytest plugin opt_in_plugin.py (``JAXLIB_PATCH_OPT_IN``). Both environments
+get the library at its exact version and its test requirements when
+missing. For each suite the script prints both sides' pass/fail/skip counts
+and every test that passes on stock and not on ours with the first line of
+its error, and writes the same into OUT/<suite>.md beside the junit xml and
+pytest log of each side; OUT/summary.md gathers the table. The helpers for
+junit, venvs and reports are run.py's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+import venv
+from dataclasses import dataclass
+from pathlib import Path
+
+import run
+from run import RunnerError, SideResult, venv_python
+
+OPT_IN_VAR = "JAXLIB_PATCH_OPT_IN"
+
+
+@dataclass(frozen=True)
+class Suite:
+  """One library's test suite."""
+
+  distribution: str  # the package on PyPI
+  version: str
+  package: str  # its import name, which the checkout must not hold
+  test_path: str  # relative to the checkout
+  opt_in: str  # the value of JAXLIB_PATCH_OPT_IN on our side
+  requirements: tuple[str, ...]
+
+
+SUITES = {
+    # Equinox's `tests` dependency group (jaxlib is pinned already) and
+    # pytest-xdist for -n.
+    "equinox": Suite(
+        "equinox",
+        "0.13.8",
+        "equinox",
+        "tests",
+        "equinox",
+        ("beartype", "optax", "pytest", "pytest-xdist"),
+    ),
+    # Of Flax's `testing` extra, what tests/nnx imports; the rest of it
+    # (tensorflow, torch, gymnasium, ...) serves linen and the examples.
+    "nnx": Suite(
+        "flax",
+        "0.12.8",
+        "flax",
+        "tests/nnx",
+        "nnx",
+        ("cloudpickle", "pytest", "pytest-xdist"),
+    ),
+}
+
+
+def installed_version(venv_dir: Path, distribution: str) -> str:
+  """The version of a distribution in a venv, "" when it is missing."""
+  code = (
+      "import importlib.metadata as m, sys\n"
+      "try: print(m.version(sys.argv[1]))\n"
+      "except m.PackageNotFoundError: print('')"
+  )
+  return subprocess.run(
+      [str(venv_python(venv_dir)), "-c", code, distribution],
+      capture_output=True,
+      text=True,
+      check=True,
+  ).stdout.strip()
+
+
+def prepare_venvs(args, suites: list[Suite]) -> dict[str, Path]:
+  """Create the two environments when missing; the custom wheels every run."""
+  venvs = {"stock": args.stock_venv, "ours": args.ours_venv}
+  for side, venv_dir in venvs.items():
+    if side == "stock" and args.only_ours:
+      continue
+    if not venv_python(venv_dir).exists():
+      print(f"creating the {side} virtual environment {venv_dir}", flush=True)
+      venv.create(venv_dir, with_pip=True)
+    # Stock jax first on both sides: the libraries' dependencies resolve
+    # against it, so the two sides get the same versions of everything else.
+    wanted = [f"jax=={run.JAX_VERSION}", f"jaxlib=={run.JAX_VERSION}"]
+    for suite in suites:
+      if installed_version(venv_dir, suite.distribution) != suite.version:
+        wanted += [f"{suite.distribution}=={suite.version}"]
+        wanted += suite.requirements
+    if installed_version(venv_dir, "jaxlib") == "":
+      run.pip_install(venv_dir, *wanted)
+    elif len(wanted) > 2:
+      # Keep what is installed of jax (the custom wheels, on our side).
+      run.pip_install(venv_dir, *wanted[2:])
+  jax_wheel = run.newest_wheel(args.wheels, "jax-*+*-py3-none-any.whl")
+  tag = run.python_tag(venvs["ours"])
+  jaxlib_wheel = run.newest_wheel(args.wheels, f"jaxlib-*+*-{tag}-{tag}-*.whl")
+  print(f"custom wheels: {jax_wheel.name}, {jaxlib_wheel.name}", flush=True)
+  run.pip_install(
+      venvs["ours"],
+      "--force-reinstall",
+      "--no-deps",
+      str(jax_wheel),
+      str(jaxlib_wheel),
+  )
+  return venvs
+
+
+def run_side(
+    args, name: str, suite: Suite, side: str, venv_dir: Path
+) -> SideResult:
+  """Run one suite on one side; its junit xml and log land in OUT."""
+  checkout = args.checkouts[name]
+  junit = args.out / f"{name}.{side}.xml"
+  log = args.out / f"{name}.{side}.log"
+  junit.unlink(missing_ok=True)
+  cmd = [
+      str(venv_python(venv_dir)),
+      "-P",
+      "-m",
+      "pytest",
+      "-p",
+      "no:cacheprovider",
+      "-p",
+      "opt_in_plugin",
+      f"--rootdir={checkout}",
+      "-c",
+      str(checkout / "pyproject.toml"),
+      f"--junitxml={junit}",
+      "-o",
+      "junit_family=xunit1",
+      "-q",
+  ]
+  if args.jobs != "0":
+    cmd += ["-n", args.jobs]
+  cmd.append(str(checkout / suite.test_path))
+  env = dict(
+      os.environ,
+      PYTHONPATH=str(run.HERE),
+      JAX_PLATFORMS="cpu",
+      **{OPT_IN_VAR: suite.opt_in if side == "ours" else ""},
+  )
+  env.pop("XLA_FLAGS", None)
+  started = time.monotonic()
+  with open(log, "w") as log_file:
+    try:
+      subprocess.run(
+          cmd,
+          cwd=args.out,
+          env=env,
+          stdout=log_file,
+          stderr=subprocess.STDOUT,
+          timeout=args.timeout,
+      )
+    except subprocess.TimeoutExpired:
+      return SideResult(note=f"timed out after {args.timeout}s")
+  minutes = (time.monotonic() - started) / 60
+  if not junit.exists():
+    return SideResult(note=f"no report (see {log.name})")
+  return run.side_from_junit(junit, side, f"in {minutes:.1f} min")
+
+
+def check_checkout(name: str, suite: Suite, checkout: Path) -> None:
+  if not (checkout / suite.test_path).is_dir():
+    raise RunnerError(f"{name}: no {checkout / suite.test_path}")
+  if not (checkout / "pyproject.toml").is_file():
+    raise RunnerError(f"{name}: no {checkout / 'pyproject.toml'}")
+  if (checkout / suite.package).exists():
+    raise RunnerError(
+        f"{name}: {checkout / suite.package} would shadow the installed "
+        f"{suite.distribution} {suite.version}; use a checkout with only "
+        f"{suite.test_path} and pyproject.toml"
+    )
+
+
+def parse_args(argv):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument(
+      "--equinox", type=Path, help="Equinox source tree at tag v0.13.8"
+  )
+  parser.add_argument(
+      "--flax", type=Path, help="Flax source tree at tag v0.12.8"
+  )
+  parser.add_argument(
+      "--wheels",
+      type=Path,
+      default=run.REPO / "dist",
+      help="folder holding the custom jax and jaxlib wheels",
+  )
+  parser.add_argument(
+      "--stock-venv", type=Path, default=Path("/work/venv-lib-stock")
+  )
+  parser.add_argument(
+      "--ours-venv", type=Path, default=Path("/work/venv-lib-ours")
+  )
+  parser.add_argument(
+      "--out",
+      type=Path,
+      default=run.REPO / "build" / "upstream-libraries",
+      help="folder for the reports, junit xml and logs",
+  )
+  parser.add_argument(
+      "--jobs", default="2", help="pytest-xdist workers per run ('0': none)"
+  )
+  parser.add_argument(
+      "--only-ours",
+      action="store_true",
+      help="run only the custom side; stock's results come from OUT's "
+      "junit xml of an earlier run",
+  )
+  parser.add_argument(
+      "--timeout",
+      type=int,
+      default=None,
+      help="seconds one pytest run may take",
+  )
+  args = parser.parse_args(argv)
+  given = {"equinox": args.equinox, "nnx": args.flax}
+  args.checkouts = {n: p.resolve() for n, p in given.items() if p is not None}
+  args.out = args.out.resolve()
+  return args
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  names = list(args.checkouts)
+  try:
+    if not names:
+      raise RunnerError("give --equinox and/or --flax")
+    for name in names:
+      check_checkout(name, SUITES[name], args.checkouts[name])
+    args.out.mkdir(parents=True, exist_ok=True)
+    venvs = prepare_venvs(args, [SUITES[n] for n in names])
+  except RunnerError as e:
+    print(f"run_libraries.py: {e}", file=sys.stderr)
+    return 2
+  rows = run.read_summary(args.out)
+  total_lost = 0
+  for name in names:
+    suite = SUITES[name]
+    label = f"{suite.distribution}-{suite.version}/{suite.test_path}"
+    print(label, flush=True)
+    results = {
+        side: (
+            run.earlier_side(args, side, name)
+            if side == "stock" and args.only_ours
+            else run_side(args, name, suite, side, venvs[side])
+        )
+        for side in run.SIDES
+    }
+    lost = run.regressions(results["stock"], results["ours"])
+    total_lost += len(lost)
+    report = run.file_report(name, label, results, lost)
+    (args.out / f"{name}.md").write_text(report)
+    print(report, flush=True)
+    rows[label] = run.summary_row(label, results, lost)
+    run.write_summary(args.out, rows)
+  print((args.out / "summary.md").read_text())
+  return 1 if total_lost else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
