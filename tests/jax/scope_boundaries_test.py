@@ -296,6 +296,53 @@ class IssueCasesTest(jtu.JaxTestCase):
     self.assertEqual(seen, [False, False])
     self.assertAllClose(grad.value, 2 * self.v.value)
 
+  def test_equinox_filter_custom_vjp_does_not_double(self):
+    import equinox as eqx
+
+    @eqx.filter_custom_vjp
+    def f(ab):
+      a, b = ab
+      return _g(a, b)
+
+    def f_fwd(perturbed, ab):
+      del perturbed
+      return f(ab), ab
+
+    def f_bwd(residuals, ct, perturbed, ab):
+      del perturbed, ab
+      # A rule correct on stock: the total, through jax.vjp of the residuals.
+      return jax.vjp(lambda r: _g(*r), residuals)[1](ct)[0]
+
+    f.def_fwd(f_fwd)
+    f.def_bwd(f_bwd)
+    grad = jax.grad(lambda v: f((v, v)))(self.v)
+    stock = jax.grad(lambda p1, p2: f((p1, p2)), argnums=(0, 1))(
+        PlainParam(self.v.value), PlainParam(self.v.value)
+    )
+    self.assertAllClose(grad.value, stock[0].value + stock[1].value)
+    self.assertAllClose(grad.value, 2 * self.v.value)
+
+  def test_custom_root_with_one_object_in_two_places(self):
+    def solve_for(cls):
+      def f(x):
+        return cls(x.value**2 - 2.0)
+
+      def solve(f, x0):
+        del f
+        return cls(jnp.sqrt(2.0) * jnp.ones_like(x0.value))
+
+      def tangent_solve(g, y):
+        return cls(y.value / g(cls(jnp.ones_like(y.value))).value)
+
+      return lambda x0: jnp.sum(
+          lax.custom_root(f, x0, solve, tangent_solve).value
+      )
+
+    x0 = jnp.ones(2)
+    self.assertAllClose(
+        solve_for(Param)(Param(x0)), solve_for(PlainParam)(PlainParam(x0))
+    )
+
   def test_scan_with_one_object_as_carry_and_xs(self):
     shared = Param(jnp.ones(3))
     carry, ys = lax.scan(
