@@ -226,22 +226,30 @@ def run_side(
       JAX_NUM_CPU_DEVICES="8",
   )
   env.pop("XLA_FLAGS", None)
+  # The checkout is not the working directory: its jax/ and jaxlib/ sources
+  # must not shadow the installed packages under test (with -P and pytest's
+  # importlib import mode, nothing of it lands on sys.path).
+  return run_pytest(cmd, env, args.out, args.timeout, log, junit, side)
+
+
+def run_pytest(
+    cmd, env, cwd: Path, timeout: float, log: Path, junit: Path, side: str
+) -> SideResult:
+  """Run one pytest command, its output into `log`; the result from the junit
+  xml it writes to `junit`."""
   started = time.monotonic()
   with open(log, "w") as log_file:
-    # The checkout is not the working directory: its jax/ and jaxlib/ sources
-    # must not shadow the installed packages under test (with -P and pytest's
-    # importlib import mode, nothing of it lands on sys.path).
     try:
       subprocess.run(
           cmd,
-          cwd=args.out,
+          cwd=cwd,
           env=env,
           stdout=log_file,
           stderr=subprocess.STDOUT,
-          timeout=args.timeout,
+          timeout=timeout,
       )
     except subprocess.TimeoutExpired:
-      return SideResult(note=f"timed out after {args.timeout}s")
+      return SideResult(note=f"timed out after {timeout}s")
   minutes = (time.monotonic() - started) / 60
   if not junit.exists():
     return SideResult(note=f"no report (see {log.name})")

@@ -30,7 +30,6 @@ import argparse
 import os
 import subprocess
 import sys
-import time
 import venv
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,23 +161,7 @@ def run_side(
       **{OPT_IN_VAR: suite.opt_in if side == "ours" else ""},
   )
   env.pop("XLA_FLAGS", None)
-  started = time.monotonic()
-  with open(log, "w") as log_file:
-    try:
-      subprocess.run(
-          cmd,
-          cwd=args.out,
-          env=env,
-          stdout=log_file,
-          stderr=subprocess.STDOUT,
-          timeout=args.timeout,
-      )
-    except subprocess.TimeoutExpired:
-      return SideResult(note=f"timed out after {args.timeout}s")
-  minutes = (time.monotonic() - started) / 60
-  if not junit.exists():
-    return SideResult(note=f"no report (see {log.name})")
-  return run.side_from_junit(junit, side, f"in {minutes:.1f} min")
+  return run.run_pytest(cmd, env, args.out, args.timeout, log, junit, side)
 
 
 def check_checkout(name: str, suite: Suite, checkout: Path) -> None:
