@@ -232,6 +232,27 @@ def run_side(
   return run_pytest(cmd, env, args.out, args.timeout, log, junit, side)
 
 
+def add_run_options(parser, jobs: str) -> None:
+  """The options of how each side runs, shared with run_libraries.py."""
+  parser.add_argument(
+      "--jobs",
+      default=jobs,
+      help="pytest-xdist workers per run ('0': no xdist)",
+  )
+  parser.add_argument(
+      "--only-ours",
+      action="store_true",
+      help="run only the custom side; stock's results come from OUT's "
+      "junit xml of an earlier run",
+  )
+  parser.add_argument(
+      "--timeout",
+      type=int,
+      default=None,
+      help="seconds one pytest run may take",
+  )
+
+
 def run_pytest(
     cmd, env, cwd: Path, timeout: float, log: Path, junit: Path, side: str
 ) -> SideResult:
@@ -384,23 +405,7 @@ def parse_args(argv):
       default=REPO / "build" / "upstream",
       help="folder for the reports, junit xml and logs",
   )
-  parser.add_argument(
-      "--jobs",
-      default="auto",
-      help="pytest-xdist workers per run ('0': no xdist)",
-  )
-  parser.add_argument(
-      "--only-ours",
-      action="store_true",
-      help="run only the custom side; stock's results come from OUT's "
-      "junit xml of an earlier run",
-  )
-  parser.add_argument(
-      "--timeout",
-      type=int,
-      default=None,
-      help="seconds one pytest run may take",
-  )
+  add_run_options(parser, jobs="auto")
   args = parser.parse_args(argv)
   args.checkout = args.checkout.resolve()
   args.out = args.out.resolve()

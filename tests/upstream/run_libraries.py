@@ -203,21 +203,7 @@ def parse_args(argv):
       default=run.REPO / "build" / "upstream-libraries",
       help="folder for the reports, junit xml and logs",
   )
-  parser.add_argument(
-      "--jobs", default="2", help="pytest-xdist workers per run ('0': none)"
-  )
-  parser.add_argument(
-      "--only-ours",
-      action="store_true",
-      help="run only the custom side; stock's results come from OUT's "
-      "junit xml of an earlier run",
-  )
-  parser.add_argument(
-      "--timeout",
-      type=int,
-      default=None,
-      help="seconds one pytest run may take",
-  )
+  run.add_run_options(parser, jobs="2")
   args = parser.parse_args(argv)
   given = {"equinox": args.equinox, "nnx": args.flax}
   args.checkouts = {n: p.resolve() for n, p in given.items() if p is not None}
