@@ -7,6 +7,7 @@
 #include <tsl/robin_map.h>
 
 #include "jaxlib_patch/flatten_common.h"
+#include "jaxlib_patch/keys.h"
 #include "jaxlib_patch/pytree.h"
 
 namespace jaxlib_patch {
@@ -70,30 +71,8 @@ class SharingChecker {
   }
 
  private:
-  // The place of a node, for the errors: keyed as flatten_with_path keys it,
-  // read off the tree's own objects (a custom node's keys are known only
-  // to its flatten_with_keys); by flat index if that fails.
   std::string Path(Py_ssize_t index) const {
-    try {
-      std::string text = "tree";
-      Py_ssize_t at = treedef_.traversal().size() - 1;
-      nb::object object = nb::borrow(tree_);
-      while (at != index) {
-        const std::vector<Py_ssize_t> children = treedef_.ChildIndices(at);
-        size_t k = 0;
-        while (children[k] < index) ++k;  // The child whose subtree holds it.
-        nb::object level =
-            FlattenOneLevelWithKeys(*treedef_.registry(), object);
-        nb::list pairs = CopyToList(nb::borrow<nb::tuple>(level)[0]);
-        nb::tuple pair = nb::borrow<nb::tuple>(pairs[k]);
-        text += Str(pair[0]);
-        object = nb::borrow(pair[1]);
-        at = children[k];
-      }
-      return text;
-    } catch (const std::exception&) {
-      return treedef_.PathTo(index);
-    }
+    return KeyPathText(treedef_.KeyPathIn(index, tree_));
   }
 
   const PyTreeDef& treedef_;

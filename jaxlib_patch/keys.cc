@@ -66,6 +66,12 @@ nb::object ChildKey(const Node& node, size_t k) {
   }
 }
 
+std::string KeyPathText(nb::handle key_path) {
+  std::string text = "tree";
+  for (nb::handle key : key_path) text += Str(key);
+  return text;
+}
+
 void BindKeys(nb::module_& m) {
   auto sequence_key = nb::class_<SequenceKey>(
       m, "SequenceKey", nb::sig("class SequenceKey(Hashable)"));

@@ -39,6 +39,9 @@ nb::object MakeFlattenedIndexKey(Py_ssize_t key);
 // custom node's by its flat index: only the object itself knows its keys).
 nb::object ChildKey(const Node& node, size_t k);
 
+// A key path as error messages show it: `tree.left[0]`.
+std::string KeyPathText(nb::handle key_path);
+
 // The GC slots of the DictKey type (gc.cc).
 extern PyType_Slot dict_key_gc_slots[];
 

@@ -265,13 +265,13 @@ class PrefixBroadcast {
   }
 
   [[noreturn]] void RaiseConflict(Py_ssize_t target, Py_ssize_t reference) {
-    nb::object first_path = full_def_.KeyPathTo(target);
-    nb::object other_path = full_def_.KeyPathTo(reference);
+    nb::tuple first_path = full_def_.KeyPathIn(target);
+    nb::tuple other_path = full_def_.KeyPathIn(reference);
     const std::string message =
         "one shared pytree node (a node with relative identities) is given " +
         Repr(conflict_first_) + " at its first occurrence, " +
-        full_def_.PathTo(target) + ", but " + Repr(conflict_given_) +
-        " at another, " + full_def_.PathTo(reference);
+        KeyPathText(first_path) + ", but " + Repr(conflict_given_) +
+        " at another, " + KeyPathText(other_path);
     nb::object error = shared_prefix_error_type(FromUtf8(message));
     error.attr("paths") = nb::make_tuple(first_path, other_path);
     error.attr("values") = nb::make_tuple(conflict_first_, conflict_given_);

@@ -272,6 +272,12 @@ class PyTreeDef {
   // (`tree.left[0]`) for error messages.
   nb::tuple KeyPathTo(Py_ssize_t index) const;
   std::string PathTo(Py_ssize_t index) const;
+  // The same path keyed as flatten_with_path keys `tree`, a tree of this
+  // structure: a custom node's children by the keys its flatten_with_keys
+  // gives. Without a tree, the one this treedef unflattens to with None
+  // leaves stands in (stock's prefix errors read keys off such a tree).
+  // Falls back to KeyPathTo where the objects cannot say.
+  nb::tuple KeyPathIn(Py_ssize_t index, nb::handle tree = nb::handle()) const;
 
   // --- prefix.cc
   // The prefix's leaves broadcast over this treedef's leaves, one value per

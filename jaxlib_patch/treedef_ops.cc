@@ -258,9 +258,38 @@ nb::tuple PyTreeDef::KeyPathTo(Py_ssize_t index) const {
 }
 
 std::string PyTreeDef::PathTo(Py_ssize_t index) const {
-  std::string path = "tree";
-  for (nb::handle key : KeyPathTo(index)) path += Str(key);
-  return path;
+  return KeyPathText(KeyPathTo(index));
+}
+
+nb::tuple PyTreeDef::KeyPathIn(Py_ssize_t index, nb::handle tree) const {
+  try {
+    nb::object object = nb::borrow(tree);
+    if (!object.is_valid()) {
+      nb::list none_leaves;
+      for (Py_ssize_t i = 0; i < num_leaves(); ++i) {
+        none_leaves.append(nb::none());
+      }
+      object = Unflatten(nb::borrow<nb::iterable>(none_leaves));
+    }
+    nb::list keys;
+    Py_ssize_t at = traversal_.size() - 1;
+    while (at != index) {
+      const std::vector<Py_ssize_t> children = ChildIndices(at);
+      size_t k = 0;
+      while (children[k] < index) ++k;  // The child whose subtree holds it.
+      nb::object level = FlattenOneLevelWithKeys(*registry_, object);
+      nb::list pairs = CopyToList(nb::borrow<nb::tuple>(level)[0]);
+      nb::tuple pair = nb::borrow<nb::tuple>(pairs[k]);
+      keys.append(pair[0]);
+      object = nb::borrow(pair[1]);
+      at = children[k];
+    }
+    return nb::tuple(keys);
+  } catch (const std::exception&) {
+    // A custom node that unflattens only from real leaves, or whose
+    // flatten_with_keys disagrees with its flatten: its flat indices will do.
+    return KeyPathTo(index);
+  }
 }
 
 uint64_t PyTreeDef::NewOrigin() {

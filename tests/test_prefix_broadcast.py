@@ -25,6 +25,7 @@ from test_sharing_invariants import (
     KNode,
     Leaf,
     PNode,
+    children_with_keys,
     dags,
     register_all,
 )
@@ -70,6 +71,13 @@ def draw_prefix(draw, tree):
   return prefix, leaves, values
 
 
+def follow(tree, key_path):
+  """The object that ``key_path`` names in ``tree``."""
+  for key in key_path:
+    (tree,) = [child for k, child in children_with_keys(tree) if k == key]
+  return tree
+
+
 def reference(full, prefix_values, copies):
   """What broadcasting must give, or None if a shared node gets two values."""
   result = [_UNSET] * full.num_leaves
@@ -96,6 +104,9 @@ def test_matches_brute_force_on_expanded_tree(x, data):
       full.broadcast_flattened_prefix(prefix, prefix_leaves)
     first_path, other_path = info.value.paths
     assert first_path != other_path
+    # Both paths are keyed as flatten_with_path keys the tree (KNode's
+    # children by name) and lead to the one shared node.
+    assert follow(x, first_path) is follow(x, other_path)
     first_value, other_value = info.value.values
     assert (first_value, type(first_value)) != (other_value, type(other_value))
   else:
@@ -128,6 +139,50 @@ def test_conflict_below_a_prefix_leaf_names_both_places():
   assert info.value.values == (0, None)
   assert "tree[0][0]" in str(info.value) and "tree[1][0]" in str(info.value)
   assert isinstance(info.value, ValueError)
+
+
+class Strict:
+  """A keyed node that unflattens only from real leaves."""
+
+  def __init__(self, x, rest):
+    if x is None:
+      raise TypeError("Strict needs a value")
+    self.x, self.rest = x, rest
+
+
+def with_strict(registry):
+  register_all(registry, opt_in=True)
+  registry.register_node(
+      Strict,
+      lambda s: ((s.x, s.rest), None),
+      lambda _, children: Strict(*children),
+      lambda s: (
+          ((pt.GetAttrKey("x"), s.x), (pt.GetAttrKey("rest"), s.rest)),
+          None,
+      ),
+  )
+  return registry
+
+
+def test_conflict_paths_use_the_keys_of_keyed_custom_nodes():
+  registry = with_strict(pt.PyTreeRegistry())
+  none_leaf = with_strict(pt.PyTreeRegistry(enable_none=False))
+  p = KNode("p", [Leaf()])
+  _, full = registry.flatten(KNode("root", [p, p]))
+  prefix_leaves, prefix = none_leaf.flatten(KNode("root", [0, 1]))
+  with pytest.raises(pt.SharedPrefixError) as info:
+    full.broadcast_flattened_prefix(prefix, prefix_leaves)
+  assert info.value.paths == ((pt.GetAttrKey("c0"),), (pt.GetAttrKey("c1"),))
+  assert "tree.c0" in str(info.value) and "tree.c1" in str(info.value)
+  # Where the tree cannot be rebuilt from placeholders, flat indices do.
+  _, full = registry.flatten(Strict(Leaf(), KNode("root", [p, p])))
+  prefix_leaves, prefix = none_leaf.flatten(Strict(0, KNode("root", [0, 1])))
+  with pytest.raises(pt.SharedPrefixError) as info:
+    full.broadcast_flattened_prefix(prefix, prefix_leaves)
+  assert info.value.paths[1] == (
+      pt.FlattenedIndexKey(1),
+      pt.FlattenedIndexKey(1),
+  )
 
 
 def test_equal_values_of_one_type_agree_and_other_types_do_not():

@@ -17,6 +17,7 @@ from absl.testing import absltest
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax._src import test_util as jtu
 
 import stock_reference
@@ -85,6 +86,17 @@ class EquinoxSharingTest(stock_reference.StockReferenceTestCase):
     )
     self.assertIs(ensemble.embedding, ensemble.unembedding)
     self.assertEqual(ensemble.embedding.weight.shape, (3, lm.VOCAB, lm.DIM))
+
+  def test_filter_vmap_of_one_model_mapped_and_not_is_as_on_stock(self):
+    # filter_vmap broadcasts in_axes over each argument apart (Equinox's own
+    # tree.map), so the two places are two roles, as on stock: each row of
+    # the table against the whole table.
+    table = jnp.arange(12.0).reshape(3, 4)
+    model = eqx.nn.Embedding(weight=table)
+    out = eqx.filter_vmap(
+        lambda row, whole: whole.weight @ row.weight, in_axes=(0, None)
+    )(model, model)
+    np.testing.assert_allclose(out, table @ table.T)
 
   def test_partition_and_combine_keep_the_tie(self):
     params, static = eqx.partition(self.model, eqx.is_array)

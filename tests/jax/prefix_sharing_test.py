@@ -262,6 +262,37 @@ class SharingMessagesTest(jtu.JaxTestCase):
         str(info.exception),
     )
 
+  def test_conflict_names_children_of_keyed_nodes_by_their_keys(self):
+    # Every Equinox and NNX module is registered with keys: the places are
+    # named as tree_flatten_with_path names them, not by flat index.
+    class Tied:
+
+      def __init__(self, embedding, unembedding):
+        self.embedding, self.unembedding = embedding, unembedding
+
+    jax.tree_util.register_pytree_with_keys(
+        Tied,
+        lambda t: (
+            (
+                (jax.tree_util.GetAttrKey("embedding"), t.embedding),
+                (jax.tree_util.GetAttrKey("unembedding"), t.unembedding),
+            ),
+            None,
+        ),
+        lambda _, children: Tied(*children),
+        preserve_relative_identities=True,
+    )
+    p = Param(jnp.ones(3))
+    with self.assertRaises(SharedPrefixError) as info:
+      jax.vmap(lambda t: t.embedding.value, in_axes=(Tied(0, None),))(
+          Tied(p, p)
+      )
+    self.assertIn(
+        "vmap in_axes gives 0 to the pytree node at args[0].embedding and "
+        "None to the same node at args[0].unembedding",
+        str(info.exception),
+    )
+
   def test_pmap_out_axes_conflict_names_out_axes(self):
     def f(x):
       n = Param(x)
