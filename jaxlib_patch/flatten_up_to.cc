@@ -72,7 +72,7 @@ class SharingChecker {
 
  private:
   std::string Path(Py_ssize_t index) const {
-    return KeyPathText(treedef_.KeyPathIn(index, tree_));
+    return KeyPathText(treedef_.KeyPath(treedef_.StepsTo(index), tree_));
   }
 
   const PyTreeDef& treedef_;

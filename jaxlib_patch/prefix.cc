@@ -265,8 +265,8 @@ class PrefixBroadcast {
   }
 
   [[noreturn]] void RaiseConflict(Py_ssize_t target, Py_ssize_t reference) {
-    nb::tuple first_path = full_def_.KeyPathIn(target);
-    nb::tuple other_path = full_def_.KeyPathIn(reference);
+    nb::tuple first_path = full_def_.KeyPath(full_def_.StepsTo(target));
+    nb::tuple other_path = full_def_.KeyPath(full_def_.StepsTo(reference));
     const std::string message =
         "one shared pytree node (a node with relative identities) is given " +
         Repr(conflict_first_) + " at its first occurrence, " +

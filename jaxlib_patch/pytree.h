@@ -23,6 +23,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <nanobind/nanobind.h>
@@ -266,18 +267,17 @@ class PyTreeDef {
   // treedef's first node; an external target's index is negative.
   nb::dict SharedReferences() const;
 
-  // The key path from the root to the node at `index`: a tuple of keys as
-  // flatten_with_path gives them (a custom node's children by their flat
-  // index, since only the object itself knows its keys), and as text
-  // (`tree.left[0]`) for error messages.
-  nb::tuple KeyPathTo(Py_ssize_t index) const;
-  std::string PathTo(Py_ssize_t index) const;
-  // The same path keyed as flatten_with_path keys `tree`, a tree of this
-  // structure: a custom node's children by the keys its flatten_with_keys
-  // gives. Without a tree, the one this treedef unflattens to with None
-  // leaves stands in (stock's prefix errors read keys off such a tree).
-  // Falls back to KeyPathTo where the objects cannot say.
-  nb::tuple KeyPathIn(Py_ssize_t index, nb::handle tree = nb::handle()) const;
+  // A walk's way down from the root: for each node it passed (a traversal
+  // index, never a reference's), which of the node's children it took.
+  using Steps = std::vector<std::pair<Py_ssize_t, size_t>>;
+  Steps StepsTo(Py_ssize_t index) const;
+  // The key path of `steps`, keyed as flatten_with_path keys `tree`, a tree
+  // of this structure: a custom node's keys are known only to its
+  // flatten_with_keys. Without a tree, the one this treedef unflattens to
+  // with None leaves stands in (stock's prefix errors read keys off such a
+  // placeholder tree). Where the objects cannot say, a custom node's
+  // children are named by their flat index.
+  nb::tuple KeyPath(const Steps& steps, nb::handle tree = nb::handle()) const;
 
   // --- prefix.cc
   // The prefix's leaves broadcast over this treedef's leaves, one value per

@@ -24,25 +24,18 @@ namespace {
 
 constexpr const char kInSharingQuery[] = " in a PyTreeDef sharing query";
 
-// Where a walk is, as the (node, child) steps from the root of the treedef
-// it reads: enough to name the place in an error, without building keys on
-// the way.
+// Where a walk is, as the steps from the root of the treedef it reads:
+// enough to name the place in an error, without building keys on the way.
 class WalkPath {
  public:
   explicit WalkPath(const PyTreeDef& treedef) : treedef_(treedef) {}
   void Push(Py_ssize_t node, size_t child) { steps_.push_back({node, child}); }
   void Pop() { steps_.pop_back(); }
-  std::string Text() const {
-    std::string text = "tree";
-    for (const auto& [node, child] : steps_) {
-      text += Str(ChildKey(treedef_.traversal()[node], child));
-    }
-    return text;
-  }
+  std::string Text() const { return KeyPathText(treedef_.KeyPath(steps_)); }
 
  private:
   const PyTreeDef& treedef_;
-  std::vector<std::pair<Py_ssize_t, size_t>> steps_;
+  PyTreeDef::Steps steps_;
 };
 
 void RequireNoExternalReferences(const PyTreeDef& treedef, const char* what) {
@@ -114,7 +107,8 @@ class ExpansionWalk {
         throw nb::value_error(
             ("PyTree sharing mismatch: the other PyTreeDef shares the node "
              "at " +
-             finer_path_.Text() + " with the one at " + finer_.PathTo(target) +
+             finer_path_.Text() + " with the one at " +
+             KeyPathText(finer_.KeyPath(finer_.StepsTo(target))) +
              ", where this one has two separate nodes.")
                 .c_str());
       }
@@ -221,9 +215,7 @@ class SharingDifferenceWalk {
   }
 
  private:
-  // A place, as the child ordinals from the root, with the nodes of `a`
-  // passed on the way (for the keys).
-  using Steps = std::vector<std::pair<Py_ssize_t, size_t>>;
+  using Steps = PyTreeDef::Steps;
 
   static bool SamePlace(const Steps* x, const Steps* y) {
     if (x == nullptr || y == nullptr) return x == y;
@@ -236,11 +228,7 @@ class SharingDifferenceWalk {
 
   nb::object KeyPath(const Steps* steps) const {
     if (steps == nullptr) return nb::none();
-    nb::list keys;
-    for (const auto& [node, child] : *steps) {
-      keys.append(ChildKey(a_.traversal()[node], child));
-    }
-    return nb::tuple(keys);
+    return a_.KeyPath(*steps);
   }
 
   // Returns false once a difference is found.
@@ -276,13 +264,7 @@ class SharingDifferenceWalk {
     return true;
   }
 
-  std::string PathText() const {
-    std::string text = "tree";
-    for (const auto& [node, child] : steps_) {
-      text += Str(ChildKey(a_.traversal()[node], child));
-    }
-    return text;
-  }
+  std::string PathText() const { return KeyPathText(a_.KeyPath(steps_)); }
 
   const PyTreeDef& a_;
   const PyTreeDef& b_;

@@ -239,29 +239,21 @@ nb::str PyTreeDef::ToString() const {
   return FromUtf8(out + ")");
 }
 
-nb::tuple PyTreeDef::KeyPathTo(Py_ssize_t index) const {
-  std::vector<nb::object> keys;
+PyTreeDef::Steps PyTreeDef::StepsTo(Py_ssize_t index) const {
+  Steps steps;
   Py_ssize_t at = traversal_.size() - 1;
   while (at != index) {
-    std::vector<Py_ssize_t> children = ChildIndices(at);
+    const std::vector<Py_ssize_t> children = ChildIndices(at);
     size_t k = 0;
     while (children[k] < index) ++k;  // The child whose subtree holds index.
-    keys.push_back(ChildKey(traversal_[at], k));
+    steps.push_back({at, k});
     at = children[k];
   }
-  nb::tuple path = nb::steal<nb::tuple>(PyTuple_New(keys.size()));
-  if (!path.is_valid()) throw nb::python_error();
-  for (size_t i = 0; i < keys.size(); ++i) {
-    PyTuple_SET_ITEM(path.ptr(), i, keys[i].release().ptr());
-  }
-  return path;
+  return steps;
 }
 
-std::string PyTreeDef::PathTo(Py_ssize_t index) const {
-  return KeyPathText(KeyPathTo(index));
-}
-
-nb::tuple PyTreeDef::KeyPathIn(Py_ssize_t index, nb::handle tree) const {
+nb::tuple PyTreeDef::KeyPath(const Steps& steps, nb::handle tree) const {
+  nb::list keys;
   try {
     nb::object object = nb::borrow(tree);
     if (!object.is_valid()) {
@@ -271,25 +263,22 @@ nb::tuple PyTreeDef::KeyPathIn(Py_ssize_t index, nb::handle tree) const {
       }
       object = Unflatten(nb::borrow<nb::iterable>(none_leaves));
     }
-    nb::list keys;
-    Py_ssize_t at = traversal_.size() - 1;
-    while (at != index) {
-      const std::vector<Py_ssize_t> children = ChildIndices(at);
-      size_t k = 0;
-      while (children[k] < index) ++k;  // The child whose subtree holds it.
+    for (const auto& [node, child] : steps) {
       nb::object level = FlattenOneLevelWithKeys(*registry_, object);
       nb::list pairs = CopyToList(nb::borrow<nb::tuple>(level)[0]);
-      nb::tuple pair = nb::borrow<nb::tuple>(pairs[k]);
+      nb::tuple pair = nb::borrow<nb::tuple>(pairs[child]);
       keys.append(pair[0]);
       object = nb::borrow(pair[1]);
-      at = children[k];
     }
-    return nb::tuple(keys);
   } catch (const std::exception&) {
-    // A custom node that unflattens only from real leaves, or whose
-    // flatten_with_keys disagrees with its flatten: its flat indices will do.
-    return KeyPathTo(index);
+    // A class that unflattens only from real leaves, or whose
+    // flatten_with_keys disagrees with its flatten.
+    keys.clear();
+    for (const auto& [node, child] : steps) {
+      keys.append(ChildKey(traversal_[node], child));
+    }
   }
+  return nb::tuple(keys);
 }
 
 uint64_t PyTreeDef::NewOrigin() {

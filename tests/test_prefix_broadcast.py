@@ -25,8 +25,8 @@ from test_sharing_invariants import (
     KNode,
     Leaf,
     PNode,
-    children_with_keys,
     dags,
+    follow,
     register_all,
 )
 
@@ -69,13 +69,6 @@ def draw_prefix(draw, tree):
       EXPANDING, tree.node_data(), children
   )
   return prefix, leaves, values
-
-
-def follow(tree, key_path):
-  """The object that ``key_path`` names in ``tree``."""
-  for key in key_path:
-    (tree,) = [child for k, child in children_with_keys(tree) if k == key]
-  return tree
 
 
 def reference(full, prefix_values, copies):

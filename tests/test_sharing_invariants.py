@@ -194,6 +194,14 @@ def children_with_keys(x):
   return None
 
 
+def follow(tree, key_path):
+  """The object that ``key_path`` (keyed as flatten_with_path keys) names in
+  ``tree``."""
+  for key in key_path:
+    (tree,) = [child for k, child in children_with_keys(tree) if k == key]
+  return tree
+
+
 class Model:
   """What flatten should see in an object graph, computed in Python.
 
@@ -960,6 +968,13 @@ def test_sharing_difference_finds_the_first_place(x, data):
     assert node_type in OPTED
     assert here != there
     assert other_td.sharing_difference(td) == (path, node_type, there, here)
+    # The paths name the places by the keys of flatten_with_path, and the
+    # treedef that repeats a node repeats the object there.
+    assert type(follow(x, path)) is node_type
+    if here is not None:
+      assert follow(x, here) is follow(x, path)
+    if there is not None:
+      assert follow(other, there) is follow(other, path)
     # The earlier places come before the place itself (pre-order).
     for earlier in (here, there):
       assert earlier is None or earlier != path
