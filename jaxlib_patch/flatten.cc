@@ -159,13 +159,14 @@ class Flattener {
     // Leaves mostly come in runs of one type (a list of arrays or of
     // floats): a leaf of the type of the last one needs neither the
     // registry's lookup nor the iterable check, which depend on its type
-    // alone, nor the recursion guard, since it does not recurse.
+    // alone.
     PyTypeObject* type = Py_TYPE(obj.ptr());
     if (type == last_leaf_type_ && !leaf_predicate_) {
       AddLeaf(obj);
       return;
     }
-    RecursionGuard guard(" in flatten");
+    // No guard yet: a leaf does not recurse, and a predicate is a Python
+    // call, which Python bounds itself.
     if (leaf_predicate_ && IsLeafByPredicate(obj)) {
       AddLeaf(obj);
       return;
@@ -190,6 +191,7 @@ class Flattener {
       AddLeaf(obj);
       return;
     }
+    RecursionGuard guard(" in flatten", stack_limit_);
     const bool preserves_identity = PreservesIdentity(node.custom);
     if (preserves_identity && AddReferenceIfSeen(obj)) return;
 
@@ -208,13 +210,7 @@ class Flattener {
           node.node_data =
               nb::borrow(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr())));
         }
-        // Room for the items at once, growing geometrically: a long list of
-        // leaves would otherwise grow the traversal many times over.
-        const size_t needed =
-            traversal_.size() + PySequence_Fast_GET_SIZE(obj.ptr()) + 1;
-        if (needed > traversal_.capacity()) {
-          traversal_.reserve(std::max(needed, 2 * traversal_.capacity()));
-        }
+        ReserveForChildren(PySequence_Fast_GET_SIZE(obj.ptr()));
         // Size re-read each step: a flatten function further down may mutate
         // a list we are walking.
         for (; node.arity < PySequence_Fast_GET_SIZE(obj.ptr()); ++node.arity) {
@@ -271,6 +267,7 @@ class Flattener {
           pending_.push_back(std::move(child));
         });
         const size_t end = pending_.size();
+        ReserveForChildren(end - first);
         for (size_t k = first; k < end; ++k) {
           // A copy: the recursion may grow `pending_` and move its items.
           const nb::object child = pending_[k];
@@ -338,6 +335,16 @@ class Flattener {
     return true;
   }
 
+  // Room for a node's children and itself at once, growing geometrically:
+  // a long list of leaves, or of custom nodes, would otherwise grow the
+  // traversal many times over.
+  void ReserveForChildren(size_t children) {
+    const size_t needed = traversal_.size() + children + 1;
+    if (needed > traversal_.capacity()) {
+      traversal_.reserve(std::max(needed, 2 * traversal_.capacity()));
+    }
+  }
+
   void AddLeaf(nb::handle obj) {
     Node leaf;
     leaf.num_leaves = 1;
@@ -374,6 +381,7 @@ class Flattener {
   std::vector<nb::object> path_;     // Keys from the root; flatten_with_path.
   std::vector<nb::object> pending_;  // Children of custom nodes, in waiting.
   std::optional<IdentityScope> scope_;  // Created at the first opted-in node.
+  const uintptr_t stack_limit_ = RecursionGuard::StackLimit();
   // The type of the last leaf that took the whole way (see Flatten); the
   // registry's registrations are not expected to change mid-flatten.
   PyTypeObject* last_leaf_type_ = nullptr;

@@ -16,9 +16,13 @@ namespace jaxlib_patch {
 // stack, nor a sanitizer's larger frames) can overflow it.
 class RecursionGuard {
  public:
-  explicit RecursionGuard(const char* where) {
+  explicit RecursionGuard(const char* where)
+      : RecursionGuard(where, StackLimit()) {}
+  // For a walk that read StackLimit() once: the thread-local lookup is a
+  // call into the dynamic loader on every node otherwise.
+  RecursionGuard(const char* where, uintptr_t stack_limit) {
     char here;
-    if (reinterpret_cast<uintptr_t>(&here) < StackLimit()) {
+    if (reinterpret_cast<uintptr_t>(&here) < stack_limit) {
       PyErr_Format(PyExc_RecursionError,
                    "maximum pytree depth exceeded%s (C stack exhausted)",
                    where);
@@ -30,7 +34,6 @@ class RecursionGuard {
   RecursionGuard(const RecursionGuard&) = delete;
   RecursionGuard& operator=(const RecursionGuard&) = delete;
 
- private:
   // The lowest stack address this thread may recurse down to.
   static uintptr_t StackLimit();
 };
