@@ -8,6 +8,7 @@
 #include <nanobind/stl/vector.h>
 #include <nanobind/typing.h>
 
+#include "jaxlib_patch/jit_function.h"
 #include "jaxlib_patch/keys.h"
 #include "jaxlib_patch/pytree.h"
 
@@ -16,12 +17,14 @@ namespace jaxlib_patch {
 namespace {
 
 // The registration flag must be a real bool: `preserve_relative_identities=1`
-// or `="yes"` is almost certainly a mistake.
+// or `="yes"` is almost certainly a mistake. jax's registration functions
+// leave the check to this one.
 bool CheckFlag(nb::handle flag) {
   if (!PyBool_Check(flag.ptr())) {
-    throw nb::type_error(
-        ("preserve_relative_identities must be a bool, got " + Repr(flag) + ".")
-            .c_str());
+    throw nb::type_error(("preserve_relative_identities must be a bool, got " +
+                          std::string(Py_TYPE(flag.ptr())->tp_name) + ": " +
+                          Repr(flag))
+                             .c_str());
   }
   return flag.ptr() == Py_True;
 }
