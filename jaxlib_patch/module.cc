@@ -144,7 +144,7 @@ NB_MODULE(pytree, m) {
           },
           nb::arg("type"), nb::arg("to_iterable"), nb::arg("from_iterable"),
           nb::arg("to_iterable_with_keys").none() = nb::none(), nb::kw_only(),
-          nb::arg("preserve_relative_identities") = false,
+          nb::arg("preserve_relative_identities").none() = false,
           nb::sig(
               "def register_node(self, type: type[_T], to_iterable: "
               "Callable[[_T], tuple[_Children, _AuxData]], from_iterable: "
@@ -161,7 +161,7 @@ NB_MODULE(pytree, m) {
                                        CheckFlag(preserve_relative_identities));
           },
           nb::arg("type"), nb::arg("data_fields"), nb::arg("meta_fields"),
-          nb::kw_only(), nb::arg("preserve_relative_identities") = false,
+          nb::kw_only(), nb::arg("preserve_relative_identities").none() = false,
           nb::sig("def register_dataclass_node(self, type: type, data_fields: "
                   "typing.Sequence[str], meta_fields: Sequence[str], /, *, "
                   "preserve_relative_identities: bool = False) -> Any"))
