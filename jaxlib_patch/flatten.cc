@@ -13,7 +13,7 @@
 
 namespace jaxlib_patch {
 
-std::string CycleMessage(nb::handle obj) {
+static std::string CycleMessage(nb::handle obj) {
   return "Cannot flatten an object of type " +
          Str(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr())))) +
          " that contains itself: types registered with "

@@ -1,6 +1,5 @@
 // The garbage collector's slots (tp_traverse, tp_clear) of the bound types
-// that hold Python objects: PyTreeDef, PyTreeRegistry, DictKey, and jax.jit's
-// JitFunction and DispatchArgs.
+// that hold Python objects: PyTreeDef, PyTreeRegistry and DictKey.
 //
 // The rule for everything in this file: a GC slot never throws and never
 // calls into Python. The collector runs them at any allocation, with no
@@ -8,7 +7,6 @@
 // they only visit or drop references, and return early for an instance that
 // nanobind has not finished constructing (nb::inst_ready).
 
-#include "jaxlib_patch/jit_function.h"
 #include "jaxlib_patch/keys.h"
 #include "jaxlib_patch/pytree.h"
 
@@ -98,52 +96,6 @@ int PyTreeRegistry::Traverse(visitproc visit, void* arg) const {
     Py_VISIT(registration->to_iterable_with_keys.ptr());
   }
   for (const nb::object& base : opted_in_bases_) Py_VISIT(base.ptr());
-  return 0;
-}
-
-int DispatchArgsTraverse(PyObject* self, visitproc visit, void* arg) {
-  auto* o = reinterpret_cast<DispatchArgsObject*>(self);
-  Py_VISIT(Py_TYPE(self));
-  Py_VISIT(o->leaves.ptr());
-  Py_VISIT(o->treedef.ptr());
-  Py_VISIT(o->args.ptr());
-  Py_VISIT(o->kwargs.ptr());
-  return 0;
-}
-
-int DispatchArgsClear(PyObject* self) {
-  auto* o = reinterpret_cast<DispatchArgsObject*>(self);
-  o->leaves.reset();
-  o->treedef.reset();
-  o->args.reset();
-  o->kwargs.reset();
-  return 0;
-}
-
-int JitFunctionTraverse(PyObject* self, visitproc visit, void* arg) {
-  auto* o = reinterpret_cast<JitFunctionObject*>(self);
-  Py_VISIT(Py_TYPE(self));
-  Py_VISIT(o->dict);
-  Py_VISIT(o->fun.ptr());
-  Py_VISIT(o->make_dispatch.ptr());
-  Py_VISIT(o->dispatch.ptr());
-  Py_VISIT(o->registry.ptr());
-  Py_VISIT(o->leaf_dispatch.ptr());
-  Py_VISIT(o->static_argnames.ptr());
-  Py_VISIT(o->last_treedef.ptr());
-  return 0;
-}
-
-int JitFunctionClear(PyObject* self) {
-  auto* o = reinterpret_cast<JitFunctionObject*>(self);
-  Py_CLEAR(o->dict);
-  o->fun.reset();
-  o->make_dispatch.reset();
-  o->dispatch.reset();
-  o->registry.reset();
-  o->leaf_dispatch.reset();
-  o->static_argnames.reset();
-  o->last_treedef.reset();
   return 0;
 }
 

@@ -3,7 +3,7 @@
 #ifndef JAXLIB_PATCH_IDENTITY_SCOPE_H_
 #define JAXLIB_PATCH_IDENTITY_SCOPE_H_
 
-#include <string>
+#include <optional>
 #include <vector>
 
 #include <tsl/robin_map.h>
@@ -39,8 +39,6 @@ class IdentityScope {
   tsl::robin_map<PyObject*, Py_ssize_t, PointerHash> index_of_;
   std::vector<nb::object> alive_;
 };
-
-std::string CycleMessage(nb::handle obj);
 
 }  // namespace jaxlib_patch
 

@@ -1,5 +1,5 @@
-// The object `jax.jit` returns, and the `DispatchArgs` it hands to the stock
-// C++ dispatch.
+// The object `jax.jit` returns (the `DispatchArgs` it hands to the stock C++
+// dispatch are in dispatch_args.cc).
 //
 // The stock dispatch (`_jax.pjit`, a `PjitFunction`) flattens its arguments
 // with the stock registry, which cannot express sharing. A `JitFunction`
@@ -24,6 +24,7 @@
 #include <exception>
 #include <new>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "jaxlib_patch/jit_function.h"
@@ -33,89 +34,37 @@ namespace jaxlib_patch {
 
 namespace {
 
-// ---------------------------------------------------------------------------
-// DispatchArgs: the dynamic arguments of one call, flattened once. The stock
-// dispatch registry knows it as a dataclass node whose child is `leaves` and
-// whose aux data is `treedef` (hashable, and it compares sharing too), so the
-// dispatch's cache is keyed on the sharing. `args` and `kwargs` are the call's
-// own arguments, static ones included, for the slow path.
-
-PyTypeObject* dispatch_args_type = nullptr;
-
-void DispatchArgsDealloc(PyObject* self) {
-  PyTypeObject* type = Py_TYPE(self);
-  PyObject_GC_UnTrack(self);
-  auto* o = reinterpret_cast<DispatchArgsObject*>(self);
-  o->~DispatchArgsObject();
-  type->tp_free(self);
-  Py_DECREF(type);
-}
-
-nb::object MakeDispatchArgs(nb::object leaves, nb::object treedef,
-                            nb::object args, nb::object kwargs) {
-  PyObject* self = dispatch_args_type->tp_alloc(dispatch_args_type, 0);
-  if (self == nullptr) throw nb::python_error();
-  auto* o = reinterpret_cast<DispatchArgsObject*>(self);
-  // tp_alloc zeroes the memory: the handles are constructed over nulls.
-  new (&o->leaves) nb::object(std::move(leaves));
-  new (&o->treedef) nb::object(std::move(treedef));
-  new (&o->args) nb::object(std::move(args));
-  new (&o->kwargs) nb::object(std::move(kwargs));
-  return nb::steal(self);
-}
-
-PyObject* DispatchArgsNew(PyTypeObject*, PyObject* args, PyObject* kwargs) {
-  static const char* names[] = {"leaves", "treedef", "args", "kwargs", nullptr};
-  PyObject *leaves, *treedef, *call_args = nullptr, *call_kwargs = nullptr;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OO|OO:DispatchArgs",
-                                   const_cast<char**>(names), &leaves, &treedef,
-                                   &call_args, &call_kwargs)) {
-    return nullptr;
-  }
-  try {
-    return MakeDispatchArgs(
-               nb::borrow(leaves), nb::borrow(treedef),
-               call_args ? nb::borrow(call_args) : nb::object(nb::tuple()),
-               call_kwargs ? nb::borrow(call_kwargs) : nb::object(nb::dict()))
-        .release()
-        .ptr();
-  } catch (...) {
-    SetPythonErrorFromException();
-    return nullptr;
-  }
-}
-
-#define JAXLIB_PATCH_MEMBER(type, field)                                \
-  {#field, T_OBJECT_EX, static_cast<Py_ssize_t>(offsetof(type, field)), \
-   READONLY, nullptr}
-
-PyMemberDef dispatch_args_members[] = {
-    JAXLIB_PATCH_MEMBER(DispatchArgsObject, leaves),
-    JAXLIB_PATCH_MEMBER(DispatchArgsObject, treedef),
-    JAXLIB_PATCH_MEMBER(DispatchArgsObject, args),
-    JAXLIB_PATCH_MEMBER(DispatchArgsObject, kwargs),
-    {nullptr, 0, 0, 0, nullptr}};
-
-PyType_Slot dispatch_args_slots[] = {
-    {Py_tp_doc,
-     const_cast<char*>("DispatchArgs(leaves, treedef, args=(), kwargs={})\n\n"
-                       "The dynamic arguments of a call of a jitted function, "
-                       "flattened once (one identity scope), as the stock C++ "
-                       "dispatch receives them; `args` and `kwargs` are the "
-                       "call's own arguments.")},
-    {Py_tp_new, reinterpret_cast<void*>(DispatchArgsNew)},
-    {Py_tp_dealloc, reinterpret_cast<void*>(DispatchArgsDealloc)},
-    {Py_tp_traverse, reinterpret_cast<void*>(DispatchArgsTraverse)},
-    {Py_tp_clear, reinterpret_cast<void*>(DispatchArgsClear)},
-    {Py_tp_members, dispatch_args_members},
-    {0, nullptr}};
-
-PyType_Spec dispatch_args_spec = {
-    "jaxlib_patch.pytree.DispatchArgs", sizeof(DispatchArgsObject), 0,
-    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, dispatch_args_slots};
-
-// ---------------------------------------------------------------------------
-// JitFunction.
+struct JitFunctionObject {
+  PyObject_HEAD vectorcallfunc vectorcall;
+  PyObject* dict;      // Owned; the instance __dict__ (functools.wraps).
+  PyObject* weakrefs;  // Managed by CPython.
+  // The user's function; what builds the stock dispatch (a PjitFunction that
+  // takes a DispatchArgs); the tracing registry. Null only while being built
+  // or after tp_clear.
+  nb::object fun;
+  nb::object make_dispatch;
+  nb::object registry;
+  // The stock dispatch, built by `make_dispatch` when first needed: a
+  // function called only on leaves never needs it, and `jax.jit(f)(x)`
+  // written inline builds a jitted function per call. Null until then.
+  nb::object dispatch;
+  // A second stock dispatch, with the user's own static arguments, for the
+  // calls whose dynamic arguments are all positional leaves: nothing in them
+  // can be shared, so they skip our flatten and the DispatchArgs and reach
+  // stock's own fast path as they are. Null if there is none.
+  nb::object leaf_dispatch;
+  // As given to jax.jit (a negative index counts from the end of a call's
+  // positional arguments); the names as a tuple of str.
+  std::vector<Py_ssize_t> static_argnums;
+  nb::object static_argnames;
+  // The treedef (a PyTreeDef object) of the last call's dynamic arguments.
+  // A call whose treedef equals it passes this very object to the dispatch,
+  // whose cache then finds its key by identity instead of calling
+  // PyTreeDef.__eq__, and no new treedef object is made. Null before the
+  // first call. Read and replaced under the object's critical section, as
+  // `dispatch` is.
+  nb::object last_treedef;
+};
 
 PyTypeObject* jit_function_type = nullptr;
 
@@ -144,6 +93,17 @@ bool IsStaticPosition(const std::vector<Py_ssize_t>& static_argnums,
     if ((index < 0 ? index + nargs : index) == i) return true;
   }
   return false;
+}
+
+// For each positional argument of a call with `num_args` of them, whether it
+// is static: tracing marks the arguments that calls split off.
+nb::tuple PositionalStatics(Py_ssize_t num_args,
+                            const std::vector<Py_ssize_t>& static_argnums) {
+  nb::list statics;
+  for (Py_ssize_t i = 0; i < num_args; ++i) {
+    statics.append(nb::bool_(IsStaticPosition(static_argnums, i, num_args)));
+  }
+  return nb::tuple(statics);
 }
 
 // `static_argnames` as the tuple IsStaticName searches, interned so that the
@@ -225,6 +185,15 @@ JitFunctionObject* Self(PyObject* self) {
   return o;
 }
 
+// The static argnums of the dispatch that takes a DispatchArgs: a call
+// gives it the DispatchArgs first, then its static positional arguments in
+// their order, at most one per index in `static_argnums`.
+nb::tuple DispatchStaticArgnums(const JitFunctionObject* self) {
+  nb::list argnums;
+  for (size_t k = 1; k <= self->static_argnums.size(); ++k) argnums.append(k);
+  return nb::tuple(argnums);
+}
+
 // The stock dispatch that takes a DispatchArgs, built on first use.
 nb::object Dispatch(JitFunctionObject* self) {
   {
@@ -233,7 +202,8 @@ nb::object Dispatch(JitFunctionObject* self) {
   }
   // Built outside the critical section (it runs Python); if two threads
   // race, the first one stored wins and the other is dropped unused.
-  nb::object built = self->make_dispatch();
+  nb::object built =
+      self->make_dispatch(DispatchStaticArgnums(self), self->static_argnames);
   nb::ft_object_guard guard(reinterpret_cast<PyObject*>(self));
   if (!self->dispatch.is_valid()) self->dispatch = std::move(built);
   return self->dispatch;
@@ -380,6 +350,36 @@ void JitFunctionDealloc(PyObject* self) {
   o->last_treedef.~object();
   type->tp_free(self);
   Py_DECREF(type);
+}
+
+// The GC slots never throw and never call into Python (the rule of gc.cc):
+// the collector runs them at any allocation. `jax.jit(obj.method)` stored on
+// `obj` is a cycle through `fun` and the dispatches.
+int JitFunctionTraverse(PyObject* self, visitproc visit, void* arg) {
+  auto* o = reinterpret_cast<JitFunctionObject*>(self);
+  Py_VISIT(Py_TYPE(self));
+  Py_VISIT(o->dict);
+  Py_VISIT(o->fun.ptr());
+  Py_VISIT(o->make_dispatch.ptr());
+  Py_VISIT(o->dispatch.ptr());
+  Py_VISIT(o->registry.ptr());
+  Py_VISIT(o->leaf_dispatch.ptr());
+  Py_VISIT(o->static_argnames.ptr());
+  Py_VISIT(o->last_treedef.ptr());
+  return 0;
+}
+
+int JitFunctionClear(PyObject* self) {
+  auto* o = reinterpret_cast<JitFunctionObject*>(self);
+  Py_CLEAR(o->dict);
+  o->fun.reset();
+  o->make_dispatch.reset();
+  o->dispatch.reset();
+  o->registry.reset();
+  o->leaf_dispatch.reset();
+  o->static_argnames.reset();
+  o->last_treedef.reset();
+  return 0;
 }
 
 // As stock: the repr of `__wrapped__`, and a bare one if that fails.
@@ -542,11 +542,7 @@ nb::object MakeJitFunction(nb::callable fun, nb::callable make_dispatch,
 }  // namespace
 
 void BindJitFunction(nb::module_& m) {
-  dispatch_args_type =
-      reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&dispatch_args_spec));
-  if (dispatch_args_type == nullptr) throw nb::python_error();
-  m.attr("DispatchArgs") =
-      nb::borrow(reinterpret_cast<PyObject*>(dispatch_args_type));
+  BindDispatchArgs(m);
   jit_function_type =
       reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&jit_function_spec));
   if (jit_function_type == nullptr) throw nb::python_error();
@@ -558,14 +554,16 @@ void BindJitFunction(nb::module_& m) {
         nb::arg("leaf_dispatch").none() = nb::none(),
         "The object jax.jit returns: calls of it flatten the dynamic "
         "arguments once with `registry` and call the dispatch that "
-        "`make_dispatch()` returns when first needed (a stock PjitFunction "
-        "whose static arguments are 1, 2, ... and `static_argnames`) with one "
-        "DispatchArgs followed by the static arguments. `static_argnums` as "
-        "given to jax.jit; a negative one counts from the end of a call's "
-        "positional arguments. A call whose dynamic arguments are all "
-        "positional leaves of `registry` goes to `leaf_dispatch` instead, if "
-        "given, as it is: a stock PjitFunction with `static_argnums` and "
-        "`static_argnames` of its own.");
+        "`make_dispatch(static_argnums, static_argnames)` returns when first "
+        "needed with one DispatchArgs followed by the static arguments: a "
+        "stock PjitFunction made with the static argnums and names given "
+        "(1, 2, ..., one per index of `static_argnums`, and "
+        "`static_argnames`). `static_argnums` as given to jax.jit; a "
+        "negative one counts from the end of a call's positional arguments. "
+        "A call whose dynamic arguments are all positional leaves of "
+        "`registry` goes to `leaf_dispatch` instead, if given, as it is: a "
+        "stock PjitFunction with `static_argnums` and `static_argnames` of "
+        "its own.");
   m.def("split_static_args", &SplitStaticArgs, nb::arg("args"),
         nb::arg("kwargs"), nb::arg("static_argnums"),
         nb::arg("static_argnames"),
@@ -573,6 +571,11 @@ void BindJitFunction(nb::module_& m) {
         "call's `args` (a tuple) and `kwargs` (a dict) split as a call of "
         "a jitted function splits them (make_jit_function), so that "
         "`lower` and `trace` see the arguments as calls do.");
+  m.def("positional_statics", &PositionalStatics, nb::arg("num_args"),
+        nb::arg("static_argnums"),
+        "A tuple of `num_args` bools: whether each positional argument of a "
+        "call with `num_args` of them is static, as a call of a jitted "
+        "function (make_jit_function) splits them.");
 }
 
 }  // namespace jaxlib_patch

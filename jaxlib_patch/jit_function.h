@@ -1,57 +1,27 @@
-// The object layouts of jit_function.cc's types, for their GC slots (gc.cc).
+// jax.jit's front door: the object `jax.jit` returns (jit_function.cc) and
+// the `DispatchArgs` it hands to the stock C++ dispatch (dispatch_args.cc).
+// It is built on the pytree module, which knows nothing of it.
 
 #ifndef JAXLIB_PATCH_JIT_FUNCTION_H_
 #define JAXLIB_PATCH_JIT_FUNCTION_H_
 
-#include <vector>
-
-#include "jaxlib_patch/pytree.h"
+#include <nanobind/nanobind.h>
 
 namespace jaxlib_patch {
 
-struct DispatchArgsObject {
-  PyObject_HEAD nb::object leaves;
-  nb::object treedef;
-  nb::object args;
-  nb::object kwargs;
-};
+namespace nb = nanobind;
 
-struct JitFunctionObject {
-  PyObject_HEAD vectorcallfunc vectorcall;
-  PyObject* dict;      // Owned; the instance __dict__ (functools.wraps).
-  PyObject* weakrefs;  // Managed by CPython.
-  // The user's function; what builds the stock dispatch (a PjitFunction that
-  // takes a DispatchArgs); the tracing registry. Null only while being built
-  // or after tp_clear.
-  nb::object fun;
-  nb::object make_dispatch;
-  nb::object registry;
-  // The stock dispatch, built by `make_dispatch` when first needed: a
-  // function called only on leaves never needs it, and `jax.jit(f)(x)`
-  // written inline builds a jitted function per call. Null until then.
-  nb::object dispatch;
-  // A second stock dispatch, with the user's own static arguments, for the
-  // calls whose dynamic arguments are all positional leaves: nothing in them
-  // can be shared, so they skip our flatten and the DispatchArgs and reach
-  // stock's own fast path as they are. Null if there is none.
-  nb::object leaf_dispatch;
-  // As given to jax.jit (a negative index counts from the end of a call's
-  // positional arguments); the names as a tuple of str.
-  std::vector<Py_ssize_t> static_argnums;
-  nb::object static_argnames;
-  // The treedef (a PyTreeDef object) of the last call's dynamic arguments.
-  // A call whose treedef equals it passes this very object to the dispatch,
-  // whose cache then finds its key by identity instead of calling
-  // PyTreeDef.__eq__, and no new treedef object is made. Null before the
-  // first call. Read and replaced under the object's critical section, as
-  // `dispatch` is.
-  nb::object last_treedef;
-};
+// Adds the front door to the module: the types PjitFunction and
+// DispatchArgs, make_jit_function, split_static_args and positional_statics.
+void BindJitFunction(nb::module_& m);
 
-int DispatchArgsTraverse(PyObject* self, visitproc visit, void* arg);
-int DispatchArgsClear(PyObject* self);
-int JitFunctionTraverse(PyObject* self, visitproc visit, void* arg);
-int JitFunctionClear(PyObject* self);
+// --- dispatch_args.cc, for jit_function.cc
+// Adds the DispatchArgs type to the module.
+void BindDispatchArgs(nb::module_& m);
+// A new DispatchArgs: the leaves and treedef of one flatten of a call's
+// dynamic arguments, and the call's own arguments.
+nb::object MakeDispatchArgs(nb::object leaves, nb::object treedef,
+                            nb::object args, nb::object kwargs);
 
 }  // namespace jaxlib_patch
 

@@ -8,6 +8,7 @@
 #include <nanobind/stl/vector.h>
 #include <nanobind/typing.h>
 
+#include "jaxlib_patch/jit_function.h"
 #include "jaxlib_patch/keys.h"
 #include "jaxlib_patch/pytree.h"
 
@@ -16,12 +17,14 @@ namespace jaxlib_patch {
 namespace {
 
 // The registration flag must be a real bool: `preserve_relative_identities=1`
-// or `="yes"` is almost certainly a mistake.
+// or `="yes"` is almost certainly a mistake. jax's registration functions
+// leave the check to this one.
 bool CheckFlag(nb::handle flag) {
   if (!PyBool_Check(flag.ptr())) {
-    throw nb::type_error(
-        ("preserve_relative_identities must be a bool, got " + Repr(flag) + ".")
-            .c_str());
+    throw nb::type_error(("preserve_relative_identities must be a bool, got " +
+                          std::string(Py_TYPE(flag.ptr())->tp_name) + ": " +
+                          Repr(flag))
+                             .c_str());
   }
   return flag.ptr() == Py_True;
 }
@@ -141,7 +144,7 @@ NB_MODULE(pytree, m) {
           },
           nb::arg("type"), nb::arg("to_iterable"), nb::arg("from_iterable"),
           nb::arg("to_iterable_with_keys").none() = nb::none(), nb::kw_only(),
-          nb::arg("preserve_relative_identities") = false,
+          nb::arg("preserve_relative_identities").none() = false,
           nb::sig(
               "def register_node(self, type: type[_T], to_iterable: "
               "Callable[[_T], tuple[_Children, _AuxData]], from_iterable: "
@@ -158,7 +161,7 @@ NB_MODULE(pytree, m) {
                                        CheckFlag(preserve_relative_identities));
           },
           nb::arg("type"), nb::arg("data_fields"), nb::arg("meta_fields"),
-          nb::kw_only(), nb::arg("preserve_relative_identities") = false,
+          nb::kw_only(), nb::arg("preserve_relative_identities").none() = false,
           nb::sig("def register_dataclass_node(self, type: type, data_fields: "
                   "typing.Sequence[str], meta_fields: Sequence[str], /, *, "
                   "preserve_relative_identities: bool = False) -> Any"))

@@ -165,19 +165,6 @@ inline size_t HashCombine(size_t seed, size_t value) {
   return seed ^ (value + kGoldenRatio + (seed << 6) + (seed >> 2));
 }
 
-// Mixes what PyTreeDef::Hash takes of `node` into `seed`: what NodesEqual
-// compares, and the sharing, except the node data, which need not be
-// hashable (equal treedefs still hash alike).
-inline size_t HashNode(size_t seed, const Node& node) {
-  seed = HashCombine(seed, static_cast<size_t>(node.kind));
-  seed = HashCombine(seed, node.arity);
-  seed = HashCombine(
-      seed, node.custom == nullptr
-                ? 0
-                : reinterpret_cast<uintptr_t>(node.custom->type.ptr()));
-  return HashCombine(seed, node.shared_distance);
-}
-
 // Whether two nodes are the same kind of node with equal node data (their
 // sharing aside, and whichever registries made them): what treedef equality
 // compares per position, and what a tree prefix must match.
@@ -221,8 +208,8 @@ class PyTreeDef {
   static std::pair<nb::list, nb::object> Flatten(
       nb::handle registry, nb::handle tree,
       const std::optional<nb::callable>& leaf_predicate);
-  // The same with the treedef left unwrapped (jit's dispatch may reuse an
-  // equal one it wrapped before) and room made for `expected_num_nodes`
+  // The same with the treedef left unwrapped (a caller may keep an equal
+  // one it wrapped before instead) and room made for `expected_num_nodes`
   // nodes up front; Flatten is this, wrapped.
   template <bool kWithPath>
   static PyTreeDef FlattenUnwrapped(
@@ -322,6 +309,10 @@ class PyTreeDef {
   PyTreeRegistry* registry() const;
   const nb::object& registry_ref() const { return registry_ref_; }
 
+  // Indices of the roots of the children of the node at `index`, in order.
+  std::vector<Py_ssize_t> ChildIndices(Py_ssize_t index) const;
+
+ private:
   // Checks that every reference lands on a node that can be shared (or
   // outside the traversal), and recomputes each node's counts from the arities;
   // raises ValueError on a malformed traversal. For traversals assembled from
@@ -329,11 +320,6 @@ class PyTreeDef {
   void Validate();
   // Part of Validate(): the reference at `i` is well-formed.
   void ValidateReference(size_t i) const;
-
-  // Indices of the roots of the children of the node at `index`, in order.
-  std::vector<Py_ssize_t> ChildIndices(Py_ssize_t index) const;
-
- private:
   // The traversal from the entries of a pickled state, on registry_.
   void SetNodes(nb::handle nodes);
   static uint64_t NewOrigin();
@@ -359,7 +345,7 @@ class PyTreeDef {
   std::vector<NodeKey> provenance_;
 };
 
-// Whether `obj` is a stock jaxlib._jax.pytree.PyTreeDef: jit's dispatch
+// Whether `obj` is a stock jaxlib._jax.pytree.PyTreeDef: jax's dispatch
 // registry, a stock one, makes those.
 bool IsStockTreeDef(nb::handle obj);
 
@@ -410,12 +396,6 @@ bool AllLeaves(const PyTreeRegistry& registry, nb::iterable objects);
 
 // Adds the SharedPrefixError exception type to the module.
 void BindSharedPrefixError(nb::module_& m);
-// Adds jax.jit's front door (jit_function.cc) to the module: the types
-// PjitFunction and DispatchArgs, and make_jit_function.
-void BindJitFunction(nb::module_& m);
-
-// Builds the Python object for `node` from its already-built children.
-nb::object MakeNode(const Node& node, nb::object* children);
 
 }  // namespace jaxlib_patch
 

@@ -102,6 +102,19 @@ bool PyTreeDef::Equals(const PyTreeDef& other) const {
   return true;
 }
 
+// Mixes what PyTreeDef::Hash takes of `node` into `seed`: what NodesEqual
+// compares, and the sharing, except the node data, which need not be
+// hashable (equal treedefs still hash alike).
+static size_t HashNode(size_t seed, const Node& node) {
+  seed = HashCombine(seed, static_cast<size_t>(node.kind));
+  seed = HashCombine(seed, node.arity);
+  seed = HashCombine(
+      seed, node.custom == nullptr
+                ? 0
+                : reinterpret_cast<uintptr_t>(node.custom->type.ptr()));
+  return HashCombine(seed, node.shared_distance);
+}
+
 size_t PyTreeDef::Hash() const {
   size_t hash = traversal_.size();
   for (const Node& node : traversal_) hash = HashNode(hash, node);

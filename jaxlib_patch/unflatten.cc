@@ -18,7 +18,7 @@ static nb::object TupleOf(nb::object* children, Py_ssize_t n) {
   return tuple;
 }
 
-nb::object MakeNode(const Node& node, nb::object* children) {
+static nb::object MakeNode(const Node& node, nb::object* children) {
   switch (node.kind) {
     case PyTreeKind::kNone: return nb::none();
     case PyTreeKind::kTuple: return TupleOf(children, node.arity);

@@ -62,7 +62,7 @@ def make(static_argnums=(), static_argnames=(), fun=target, leaf=None):
   return (
       pt.make_jit_function(
           fun,
-          lambda: dispatch,
+          lambda *layout: dispatch,
           REG,
           list(static_argnums),
           list(static_argnames),
@@ -151,6 +151,10 @@ def test_split_static_args_splits_as_calls_do(argnums, argnames):
         pt.split_static_args(args, kwargs, list(argnums), list(argnames))
     )
     assert static_args == tuple(statics)
+    # Tracing marks the positions that calls split off.
+    flags = pt.positional_statics(len(args), list(argnums))
+    assert len(flags) == len(args) and all(type(f) is bool for f in flags)
+    assert tuple(a for a, static in zip(args, flags) if static) == static_args
     assert list(split_static_kwargs.items()) == list(static_kwargs.items())
     assert (
         dispatch_args.treedef == REG.flatten((dynamic_args, dynamic_kwargs))[1]
@@ -170,11 +174,11 @@ def test_errors_propagate():
   def failing(*args, **kwargs):
     raise KeyError("from the dispatch")
 
-  jitted = pt.make_jit_function(target, lambda: failing, REG, [], [])
+  jitted = pt.make_jit_function(target, lambda *_: failing, REG, [], [])
   with pytest.raises(KeyError, match="from the dispatch"):
     jitted(1)
 
-  def no_dispatch():
+  def no_dispatch(static_argnums, static_argnames):
     raise KeyError("while building the dispatch")
 
   jitted = pt.make_jit_function(target, no_dispatch, REG, [], [], Recorder())
@@ -260,7 +264,10 @@ def test_calls_on_positional_leaves_take_the_leaf_dispatch_as_they_are():
   leaf = Recorder("leaf result")
   built = []
 
-  def make_dispatch():
+  def make_dispatch(static_argnums, static_argnames):
+    # The front door's layout: the DispatchArgs at 0, then a call's static
+    # positional arguments, the static keyword ones by name.
+    assert static_argnums == (1, 2) and static_argnames == ("mode",)
     built.append(Recorder())
     return built[-1]
 
@@ -294,7 +301,7 @@ def test_the_main_dispatch_is_built_only_when_needed():
   built = []
   leaf = Recorder()
   jitted = pt.make_jit_function(
-      target, lambda: built.append(1) or Recorder(), REG, [], [], leaf
+      target, lambda *_: built.append(1) or Recorder(), REG, [], [], leaf
   )
   for _ in range(3):
     jitted(1, 2.0)

@@ -3,6 +3,7 @@
 import collections
 import dataclasses
 import pickle
+import re
 
 
 import jax
@@ -141,10 +142,17 @@ class RegistrationTest(jtu.JaxTestCase):
   def test_flag_is_keyword_only_bool(self, api):
     for bad in (1, 0, None, "yes", np.bool_(True)):
       cls = _fresh_class()
-      with self.assertRaisesRegex(TypeError, "preserve_relative_identities"):
+      # The C++ registries' one check and message, for every function.
+      with self.assertRaisesRegex(
+          TypeError,
+          r"^preserve_relative_identities must be a bool, got \S+: "
+          + re.escape(repr(bad))
+          + "$",
+      ):
         _REGISTRATIONS[api](cls, bad)
-      # A rejected registration registers nothing.
-      self.assertFalse(tree_util.is_tree_node(cls))
+      # A rejected registration registers nothing, in any registry.
+      for registry in tree_util_internal._all_registries:
+        self.assertEqual(registry.flatten(cls())[1].num_leaves, 1)
 
   @parameterized.named_parameters((name, name) for name in _REGISTRATIONS)
   def test_flag_true_shares_and_false_does_not(self, api):
