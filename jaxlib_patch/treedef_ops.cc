@@ -91,6 +91,11 @@ bool PyTreeDef::Equals(const PyTreeDef& other) const {
   for (size_t i = 0; i < traversal_.size(); ++i) {
     const Node& a = traversal_[i];
     const Node& b = other.traversal_[i];
+    // Most positions are leaves, which carry nothing more to compare.
+    if (a.kind == PyTreeKind::kLeaf && !a.is_reference()) {
+      if (b.kind != PyTreeKind::kLeaf || b.is_reference()) return false;
+      continue;
+    }
     // Treedefs of one type that keeps identities and of one that does not
     // stand for different things even where nothing is shared.
     if (a.shared_distance != b.shared_distance ||
@@ -106,13 +111,17 @@ bool PyTreeDef::Equals(const PyTreeDef& other) const {
 // compares, and the sharing, except the node data, which need not be
 // hashable (equal treedefs still hash alike).
 static size_t HashNode(size_t seed, const Node& node) {
-  seed = HashCombine(seed, static_cast<size_t>(node.kind));
-  seed = HashCombine(seed, node.arity);
-  seed = HashCombine(
-      seed, node.custom == nullptr
-                ? 0
-                : reinterpret_cast<uintptr_t>(node.custom->type.ptr()));
-  return HashCombine(seed, node.shared_distance);
+  // Kind, arity and distance packed in one word (the kind in bits 0-2, the
+  // arity from bit 3, the distance from bit 34: they overlap only past 2^31
+  // children): one mix per leaf, where one per field cost most of the hash
+  // of a small treedef.
+  const size_t shape = static_cast<size_t>(node.kind) ^
+                       (static_cast<size_t>(node.arity) << 3) ^
+                       (static_cast<size_t>(node.shared_distance) << 34);
+  seed = HashCombine(seed, shape);
+  if (node.custom == nullptr) return seed;
+  return HashCombine(seed,
+                     reinterpret_cast<uintptr_t>(node.custom->type.ptr()));
 }
 
 size_t PyTreeDef::Hash() const {
