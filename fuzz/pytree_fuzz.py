@@ -18,10 +18,10 @@ objects die inside the module's loops, and `gc.collect()` from inside
 callbacks.
 
 Every operation must end in a result or a Python exception of an allowed type:
-ValueError, TypeError, RuntimeError, RecursionError, KeyError, or `Boom`, the
-exception the fuzzer's own callbacks raise. Anything else is a *finding*:
-SystemError or another exception type, a RuntimeError with one of the module's
-internal-invariant messages, a broken invariant on an operation during which
+ValueError, TypeError, RecursionError, KeyError, or `Boom`, the exception the
+fuzzer's own callbacks raise. Anything else is a *finding*: the module's
+InternalError or another SystemError, any other exception type (a
+RuntimeError among them), a broken invariant on an operation during which
 no callback misbehaved (round trips, hash/== consistency, the children
 partition, pickling), a hang, or a crash (the worker process dies of a
 signal). Crashes are caught by running the campaign in worker processes,
@@ -84,31 +84,12 @@ class OracleFailure(AssertionError):
   """An invariant that must hold when no callback misbehaved was broken."""
 
 
-ALLOWED = (ValueError, TypeError, RuntimeError, RecursionError, KeyError, Boom)
-
-# RuntimeError messages of the module's internal invariants: a well-formed
-# treedef never gives them, whatever the user code does.
-INTERNAL_MESSAGES = (
-    "Reference to a node that was not built",
-    "Too few elements for PyTreeDef node",
-    "did not yield a singleton",
-    "Agenda underflow",
-    "did not match the PyTreeDef's node count",
-    "MakeNode called on a leaf",
-    "Unknown PyTreeKind",
-)
-# Operations that build a treedef from untrusted parts, whose validation may
-# legitimately say "did not yield a singleton".
-CONSTRUCTING_OPS = frozenset(
-    {
-        "from_node_data_and_children",
-        "treedef_tuple",
-        "setstate",
-        "compose",
-        "deserialize_proto",
-        "setstate_mutated",
-    }
-)
+# What an execution may raise: the module's complaints about its input, and
+# what the callbacks raise. Everything else is a finding: the module's
+# InternalError (a SystemError, as is a misuse of the C API) is a bug
+# whatever the input, and a RuntimeError is an error the module failed to
+# classify.
+ALLOWED = (ValueError, TypeError, RecursionError, KeyError, Boom)
 
 # A namespace module for the classes and registries the programs create, so
 # that pickle finds them by name.
@@ -911,19 +892,6 @@ class Program:
       runner.finding(self, name, "wrong", e)
     except ALLOWED as e:
       outcome = type(e).__name__
-      if runner.stats:
-        runner.messages[(name, outcome, str(e)[:70])] += 1
-      if type(e) is RuntimeError:
-        message = str(e)
-        if "bad_cast" in message:
-          # A C++ cast of unchecked input (the module checks its inputs).
-          outcome = "FINDING:bad_cast"
-          runner.finding(self, name, "RuntimeError std::bad_cast", e)
-        elif name not in CONSTRUCTING_OPS and any(
-            m in message for m in INTERNAL_MESSAGES
-        ):
-          outcome = "FINDING:internal"
-          runner.finding(self, name, "internal RuntimeError", e)
     except AttributeError as e:
       # Only from a dataclass field the fuzzer deleted, or a property.
       outcome = "AttributeError"
@@ -1556,8 +1524,6 @@ class Runner:
     self.max_findings = max_findings
     self.on_finding = on_finding
     self.warnings = collections.Counter()
-    self.stats = False
-    self.messages = collections.Counter()
     self.nested = 0  # Executions from inside callbacks.
 
   def count(self, name, outcome):
