@@ -20,8 +20,9 @@ in ``docs/semantics.md`` (``Model``), which walks an object graph the way a
 flatten should: pre-order, left to right, dict keys sorted, and an opted-in
 node already met is a reference (its subtree is not walked again).
 
-Stock compatibility (on trees without opted-in nodes) is tested in ``test_stock_compat.py``; here the stock module only
-serves as a reference for the *format* of ``repr``.
+Stock compatibility (on trees without opted-in nodes) is tested in
+``stock_compat/``; here the stock module only serves as a reference for the
+*format* of ``repr``.
 """
 
 from __future__ import annotations
