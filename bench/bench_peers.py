@@ -1,5 +1,5 @@
 """Equinox and Flax NNX with the relative-identity opt-in against their own
-ways to share on stock JAX (issue 10, item 5).
+ways to share on stock JAX.
 
 Usage::
 

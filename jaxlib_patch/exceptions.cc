@@ -12,11 +12,38 @@ namespace jaxlib_patch {
 
 namespace nb = nanobind;
 
+namespace {
+
+// Owned by the module's attribute of the same name, which outlives every call.
+nb::handle internal_error_type;
+
+}  // namespace
+
 InternalError::InternalError(const std::string& message, const char* file,
                              int line)
     : std::logic_error(message + " (internal error at " + file + ":" +
                        std::to_string(line) +
                        ": a bug in jaxlib_patch, please report it)") {}
+
+void BindInternalError(nb::module_& m) {
+  nb::object type = nb::steal(PyErr_NewExceptionWithDoc(
+      "jaxlib_patch.pytree.InternalError",
+      "A broken internal invariant of jaxlib_patch.pytree: a bug in the "
+      "module,\nnot a problem with its input. The message names the C++ "
+      "file and line.",
+      PyExc_SystemError, nullptr));
+  if (!type.is_valid()) throw nb::python_error();
+  m.attr("InternalError") = type;
+  internal_error_type = type;
+  nb::register_exception_translator(
+      [](const std::exception_ptr& exception, void*) {
+        try {
+          std::rethrow_exception(exception);
+        } catch (const InternalError& error) {
+          PyErr_SetString(internal_error_type.ptr(), error.what());
+        }
+      });
+}
 
 // Sets the Python error for a C++ exception thrown below a C API entry point,
 // as nanobind does for bound functions.
@@ -43,6 +70,8 @@ void SetPythonErrorFromException() {
       default: break;
     }
     PyErr_SetString(type, error.what());
+  } catch (const InternalError& error) {
+    PyErr_SetString(internal_error_type.ptr(), error.what());
   } catch (const std::bad_alloc&) {
     PyErr_NoMemory();
   } catch (const std::exception& error) {

@@ -76,6 +76,7 @@ NB_MODULE(pytree, m) {
   m.attr("_KeyLeafPairs") = nb::type_var("_KeyLeafPairs");
   m.attr("_KeyPath") = nb::type_var("_KeyPath");
 
+  BindInternalError(m);
   BindKeys(m);
   BindSharedPrefixError(m);
   BindJitFunction(m);

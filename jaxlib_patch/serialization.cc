@@ -138,9 +138,6 @@ void PyTreeDef::SetNodes(nb::handle nodes) {
     }
     traversal_.push_back(std::move(node));
   }
-  // Validate() raises RuntimeError, as stock does, for a traversal that
-  // from_node_data_and_children or treedef_tuple assembled wrong; a malformed
-  // state is the caller's bad input, so here every problem is a ValueError.
   try {
     Validate();
   } catch (const nb::builtin_exception& error) {
@@ -151,8 +148,6 @@ void PyTreeDef::SetNodes(nb::handle nodes) {
     FailMalformedState(message.compare(0, prefix.size(), prefix) == 0
                            ? message.substr(prefix.size())
                            : message);
-  } catch (const std::runtime_error& error) {
-    FailMalformedState(error.what());
   }
 }
 
@@ -362,8 +357,13 @@ nb::object PyTreeDef::DeserializeUsingProto(
     if (node.kind != PyTreeKind::kDict) continue;
     for (uint32_t id : dict_key_ids[i]) {
       if (id >= interned.size()) ProtoReader::Fail();
-      node.dict_keys.push_back(
-          nb::str(interned[id].data(), interned[id].size()));
+      PyObject* key = PyUnicode_DecodeUTF8(interned[id].data(),
+                                           interned[id].size(), nullptr);
+      if (key == nullptr) {  // No serialized treedef holds other than UTF-8.
+        PyErr_Clear();
+        ProtoReader::Fail();
+      }
+      node.dict_keys.push_back(nb::steal(key));
     }
   }
   treedef.Validate();

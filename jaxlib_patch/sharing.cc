@@ -309,7 +309,7 @@ PyTreeDef PyTreeDef::Unshared() const {
     out.push_back(node);
     written[i] = {begin, out.size()};
   }
-  unshared.Validate();
+  JAXLIB_PATCH_EXPECT_VALID(unshared);
   return unshared;
 }
 
@@ -325,7 +325,7 @@ PyTreeDef PyTreeDef::CommonSharing(const PyTreeDef& other) const {
   RequireNoExternalReferences(other, "intersect with");
   PyTreeDef common(registry(), registry_ref_);
   CommonSharingWalk(*this, other, common.traversal_).Run();
-  common.Validate();
+  JAXLIB_PATCH_EXPECT_VALID(common);
   return common;
 }
 

@@ -292,6 +292,8 @@ nb::tuple PyTreeDef::KeyPath(const Steps& steps, nb::handle tree) const {
       keys.append(pair[0]);
       object = nb::borrow(pair[1]);
     }
+  } catch (const InternalError&) {
+    throw;
   } catch (const std::exception&) {
     // A class that unflattens only from real leaves, or whose
     // flatten_with_keys disagrees with its flatten.
@@ -462,7 +464,7 @@ nb::object PyTreeDef::Compose(const PyTreeDef& inner) const {
     }
     new_position[i] = out.size() - 1;
   }
-  composed.Validate();
+  JAXLIB_PATCH_EXPECT_VALID(composed);
   return WrapTreeDef(std::move(composed));
 }
 
@@ -488,7 +490,8 @@ nb::object PyTreeDef::FromNodeDataAndChildren(
     auto* py_type = reinterpret_cast<PyTypeObject*>(type.ptr());
     node.kind = registry->KindOfType(py_type, &node.custom);
     if (node.kind == PyTreeKind::kLeaf) {
-      throw std::runtime_error("Could not find type: " + Repr(type) + ".");
+      throw nb::value_error(
+          ("Could not find type: " + Repr(type) + ".").c_str());
     }
     if (nb::isinstance<SharedReference>(data)) {
       if (!PreservesIdentity(node.custom)) {
@@ -590,7 +593,7 @@ static void ValidateNodeData(const Node& node, Fail&& fail) {
     case PyTreeKind::kList: break;
     case PyTreeKind::kDict:
       if (static_cast<Py_ssize_t>(node.dict_keys.size()) != node.arity) {
-        throw std::runtime_error("Number of keys and entries does not match.");
+        fail("a dict node whose number of keys and entries does not match");
       }
       break;
     case PyTreeKind::kNamedTuple:
@@ -624,8 +627,7 @@ void PyTreeDef::Validate() {
   for (size_t i = 0; i < traversal_.size(); ++i) {
     Node& node = traversal_[i];
     if (node.arity < 0 || node.arity > static_cast<Py_ssize_t>(open.size())) {
-      throw std::runtime_error(
-          "PyTreeDef traversal did not yield a singleton.");
+      fail("a node with more children than the subtrees before it");
     }
     Py_ssize_t leaves = node.kind == PyTreeKind::kLeaf ? 1 : 0;
     Py_ssize_t nodes = 1;
@@ -644,7 +646,7 @@ void PyTreeDef::Validate() {
     open.push_back({leaves, nodes});
   }
   if (open.size() != 1) {
-    throw std::runtime_error("PyTreeDef traversal did not yield a singleton.");
+    fail(std::to_string(open.size()) + " roots, not one");
   }
 }
 

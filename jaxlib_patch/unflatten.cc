@@ -121,7 +121,7 @@ nb::object BuildBottomUp(const std::vector<Node>& traversal, LeafFn&& leaf,
     agenda.push_back(std::move(built));
   }
   JAXLIB_PATCH_EXPECT(agenda.size() == 1,
-                      "PyTreeDef traversal did not yield a singleton.");
+                      "A validated traversal built other than one root");
   return std::move(agenda.back());
 }
 

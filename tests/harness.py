@@ -1,10 +1,14 @@
 """How the module tests run code in threads and in child processes.
 
-Both runners live here once, so that every test gets the same interleaving,
-the same module in its children and the same report of a crash.
+The runners live here once, so that every test gets the same interleaving,
+the same module in its children and the same report of a crash: `run_child`
+runs a program in a fresh interpreter, `isolated` runs a test in a forked
+copy of this one, `run_in_threads` runs workers in threads.
 """
 
+import functools
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -51,6 +55,59 @@ def run_child(code, timeout=600):
         pytrace=False,
     )
   return proc.stdout
+
+
+_progress_fd = None
+
+
+def progress(message):
+  """In an isolated child: records what is being tried (shown on a crash)."""
+  if _progress_fd is not None:
+    os.write(
+        _progress_fd, b"P" + message.encode("utf-8", "replace")[:500] + b"\n"
+    )
+
+
+def isolated(fn):
+  """Runs the test in a forked child; a crash fails it with the signal."""
+
+  @functools.wraps(fn)
+  def wrapper(*args, **kwargs):
+    global _progress_fd
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # Child.
+      os.close(read_end)
+      _progress_fd = write_end
+      try:
+        fn(*args, **kwargs)
+        result = b"ok"
+      except BaseException:  # noqa: BLE001 -- reported to the parent.
+        result = traceback.format_exc().encode()
+      os.write(write_end, b"R" + result.replace(b"\n", b"\x00") + b"\n")
+      os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as inp:
+      lines = inp.read().split(b"\n")
+    _, status = os.waitpid(pid, 0)
+    if os.WIFSIGNALED(status):
+      tried = [line[1:].decode() for line in lines if line.startswith(b"P")]
+      pytest.fail(
+          f"{fn.__name__} crashed the interpreter: "
+          f"{signal.Signals(os.WTERMSIG(status)).name}"
+          + (f" while trying: {tried[-1]}" if tried else ""),
+          pytrace=False,
+      )
+    results = [line[1:] for line in lines if line.startswith(b"R")]
+    assert results, "the isolated child exited without a result"
+    if results[-1] != b"ok":
+      pytest.fail(
+          "in the isolated child:\n"
+          + results[-1].replace(b"\x00", b"\n").decode(),
+          pytrace=False,
+      )
+
+  return wrapper
 
 
 def run_in_threads(worker, count, timeout):

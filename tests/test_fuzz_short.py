@@ -5,8 +5,8 @@ sequences of operations with misbehaving callbacks (see its docstring and
 docs/hardening.md). Here it runs a fixed set of programs of a fixed seed (a
 few seconds) in worker processes, so that a crash is reported, not fatal, and
 the run must have no findings: no crash, no exception of a type other than
-ValueError, TypeError, RuntimeError, RecursionError, KeyError or the
-callbacks' own, no broken invariant.
+ValueError, TypeError, RecursionError, KeyError or the callbacks' own (so no
+InternalError of the module), no broken invariant.
 
 Below the campaign: one minimal reproducer per finding, each run in a child
 process, so that a crash fails one test (see docs/hardening.md; all fixed

@@ -17,22 +17,9 @@ import weakref
 import pytest
 
 from jaxlib_patch import pytree as pt
+from nodes import PNode, register_all
 
-
-class Node:
-  """Opted-in: one child."""
-
-  def __init__(self, x):
-    self.x = x
-
-
-REG = pt.PyTreeRegistry()
-REG.register_node(
-    Node,
-    lambda n: ((n.x,), None),
-    lambda _, xs: Node(*xs),
-    preserve_relative_identities=True,
-)
+REG = register_all(pt.PyTreeRegistry(), opt_in=True)
 
 
 def target(a, n=0, b=None, *, mode="add"):
@@ -74,7 +61,7 @@ def make(static_argnums=(), static_argnames=(), fun=target, leaf=None):
 
 def test_dynamic_arguments_are_flattened_once():
   jitted, dispatch = make()
-  node = Node(1)
+  node = PNode("n", [1])
   assert jitted(node, 2, b=node) == "result"
   (dispatch_args, *statics), static_kwargs = dispatch.calls[-1]
   assert type(dispatch_args) is pt.DispatchArgs
@@ -87,7 +74,7 @@ def test_dynamic_arguments_are_flattened_once():
 @pytest.mark.parametrize("argnums", [(1,), (-2,), (1, -2)])
 def test_static_positions(argnums):
   jitted, dispatch = make(static_argnums=argnums)
-  node = Node(1)
+  node = PNode("n", [1])
   jitted(node, "static", node)
   (dispatch_args, *statics), _ = dispatch.calls[-1]
   assert statics == ["static"]
@@ -139,7 +126,7 @@ def test_split_static_args_splits_as_calls_do(argnums, argnames):
   # `lower` and `trace` split with split_static_args: the same dynamic and
   # static arguments, in the same order, as a call hands to the dispatch.
   jitted, dispatch = make(static_argnums=argnums, static_argnames=argnames)
-  node = Node(1)
+  node = PNode("n", [1])
   for args, kwargs in [
       ((node, 2, node), {"mode": "mul", "n": 3}),
       ((node,), {"n": node, "b": 4}),
@@ -184,11 +171,11 @@ def test_errors_propagate():
   jitted = pt.make_jit_function(target, no_dispatch, REG, [], [], Recorder())
   assert jitted(1) == "result"  # The leaf dispatch: nothing was built.
   with pytest.raises(KeyError, match="while building"):
-    jitted(Node(1))
-  cycle = Node(None)
-  cycle.x = cycle
+    jitted(PNode("n", [1]))
+  cycle = PNode("n", [None])
+  cycle.children = (cycle,)
   jitted, _ = make()
-  with pytest.raises(ValueError, match="Node"):
+  with pytest.raises(ValueError, match="PNode"):
     jitted(cycle)
 
 
@@ -249,7 +236,7 @@ def test_weak_references_and_cycles():
 
 def test_no_reference_leaks():
   jitted, dispatch = make(static_argnums=(1,), static_argnames=("mode",))
-  node = Node(1)
+  node = PNode("n", [1])
   static = object()
   jitted(node, static, node, mode="x")
   dispatch.calls.clear()
@@ -274,7 +261,7 @@ def test_calls_on_positional_leaves_take_the_leaf_dispatch_as_they_are():
   jitted = pt.make_jit_function(
       target, make_dispatch, REG, [1, -1], ["mode"], leaf
   )
-  static_node = Node(2)
+  static_node = PNode("n", [2])
   # Static arguments may be anything, nodes included.
   assert jitted(1, static_node, mode=static_node) == "leaf result"
   assert leaf.calls[-1] == ((1, static_node), {"mode": static_node})
@@ -282,7 +269,7 @@ def test_calls_on_positional_leaves_take_the_leaf_dispatch_as_they_are():
   assert jitted(1, b=2) == "result"  # A dynamic keyword argument.
   assert jitted(None, "s", "t") == "result"  # None: a node of REG.
   assert jitted(None) == "leaf result"  # Static: -1 is position 0 here.
-  assert jitted(Node(1), "s") == "result"
+  assert jitted(PNode("n", [1]), "s") == "result"
   assert len(built) == 1 and len(built[0].calls) == 4  # Built once, lazily.
   assert len(leaf.calls) == 2
   assert jitted._cache_size() == 6

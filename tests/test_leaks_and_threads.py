@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import pickle
 import sys
@@ -24,14 +23,21 @@ import pytest
 from jaxlib_patch import pytree as pt
 
 from harness import run_in_threads
+from nodes import (
+    Box,
+    DNode,
+    KNode,
+    Leaf,
+    box_flatten,
+    knode_flatten,
+    knode_flatten_with_keys,
+    knode_unflatten,
+    register_all,
+)
 
 # ---------------------------------------------------------------------------
 # Classes and the registry (module level: pickle finds them by name).
 # ---------------------------------------------------------------------------
-
-
-class Leaf:
-  """A leaf object."""
 
 
 class Aux:
@@ -48,52 +54,6 @@ class Aux:
 
   def __repr__(self):
     return f"Aux({self.name!r})"
-
-
-class KNode:
-  """Opted-in custom node with keys."""
-
-  def __init__(self, aux, children):
-    self.aux = aux
-    self.children = tuple(children)
-
-
-def knode_flatten(node):
-  return node.children, node.aux
-
-
-def knode_flatten_with_keys(node):
-  return (
-      tuple((pt.FlattenedIndexKey(i), c) for i, c in enumerate(node.children)),
-      node.aux,
-  )
-
-
-def knode_unflatten(aux, children):
-  return KNode(aux, children)
-
-
-@dataclasses.dataclass(eq=False)
-class DNode:
-  """Opted-in dataclass: data ``a``, meta ``m``."""
-
-  a: object
-  m: object
-
-
-class Plain:
-  """A custom node without the flag."""
-
-  def __init__(self, children):
-    self.children = tuple(children)
-
-
-def plain_flatten(p):
-  return p.children, None
-
-
-def plain_unflatten(_, children):
-  return Plain(children)
 
 
 class Bomb:
@@ -120,20 +80,9 @@ def fragile_unflatten(aux, children):
   raise BombError("unflatten")
 
 
-REG = pt.PyTreeRegistry()
+REG = register_all(pt.PyTreeRegistry(), opt_in=True)
 REG.__module__ = __name__
 REG.__name__ = "REG"
-REG.register_node(
-    KNode,
-    knode_flatten,
-    knode_unflatten,
-    knode_flatten_with_keys,
-    preserve_relative_identities=True,
-)
-REG.register_dataclass_node(
-    DNode, ["a"], ["m"], preserve_relative_identities=True
-)
-REG.register_node(Plain, plain_flatten, plain_unflatten)
 REG.register_node(
     Bomb, bomb_flatten, knode_unflatten, preserve_relative_identities=True
 )
@@ -147,11 +96,11 @@ REG.register_node(
 
 def make_tree(leaf, aux):
   """A DAG: m shared by two args and a kwarg; a diamond below m."""
-  d = DNode(leaf, aux)
+  d = DNode(leaf, None, aux)
   b = KNode(aux, [d, leaf])
   c = KNode(aux, [leaf, d])
-  m = KNode(aux, [b, c, Plain([leaf, leaf])])
-  return ((m, m, [leaf, leaf]), {"kw": m, "other": DNode(d, aux)})
+  m = KNode(aux, [b, c, Box([leaf, leaf])])
+  return ((m, m, [leaf, leaf]), {"kw": m, "other": DNode(d, None, aux)})
 
 
 def check_shared_output(out):
@@ -170,7 +119,7 @@ WATCHED_FUNCTIONS = [
     knode_flatten,
     knode_unflatten,
     knode_flatten_with_keys,
-    plain_flatten,
+    box_flatten,
     bomb_flatten,
     fragile_unflatten,
 ]
@@ -187,7 +136,7 @@ def measure(leaf, aux):
       aux,
       KNode,
       DNode,
-      Plain,
+      Box,
       Bomb,
       Fragile,
       REG,
@@ -322,7 +271,10 @@ def make_cycle():
   class Holder:
     """Aux data that refers back to the treedef holding it."""
 
-  class Node:
+  class ClosureNode:
+    """Registered with a flatten function that closes over the aux data, so
+    that the registry is where the cycle starts (nodes.KNode's functions
+    close over nothing)."""
 
     def __init__(self, x):
       self.x = x
@@ -333,14 +285,17 @@ def make_cycle():
     return (node.x,), aux
 
   registry.register_node(
-      Node, flatten, lambda a, ch: Node(*ch), preserve_relative_identities=True
+      ClosureNode,
+      flatten,
+      lambda a, ch: ClosureNode(*ch),
+      preserve_relative_identities=True,
   )
-  node = Node(Leaf())
+  node = ClosureNode(Leaf())
   _, td = registry.flatten([node, node])
   aux.treedef = td  # aux -> treedef -> aux (node data) and -> registry.
   aux.registry = registry
   aux.children = td.children()
-  return weakref.ref(aux), weakref.ref(Node)
+  return weakref.ref(aux), weakref.ref(ClosureNode)
 
 
 def test_gc_collects_registry_treedef_aux_cycle():

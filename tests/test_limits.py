@@ -321,6 +321,10 @@ class Aux:
 
 
 class Shared:
+  """Opted-in custom node whose node data is the counting ``Aux`` itself, so
+  that every comparison and print of it by the module is counted
+  (nodes.KNode's is a tuple, which compares identical items without calling
+  their ``__eq__``)."""
 
   def __init__(self, aux, *children):
     self.aux = aux

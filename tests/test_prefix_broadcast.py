@@ -18,17 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jaxlib_patch import pytree as pt
-from test_sharing_invariants import (
-    REGISTRY,
-    SETTINGS,
-    DNode,
-    KNode,
-    Leaf,
-    PNode,
-    dags,
-    follow,
-    register_all,
-)
+from nodes import DNode, KNode, Leaf, PNode, register_all
+from test_sharing_invariants import REGISTRY, SETTINGS, dags, follow
 
 # The same classes without the flag: flattening with it expands a DAG.
 EXPANDING = register_all(pt.PyTreeRegistry(), opt_in=False)

@@ -2,8 +2,8 @@
 
 ``jaxlib_patch.pytree`` records, per flatten, which nodes of classes registered
 with ``preserve_relative_identities=True`` are the same object.  The
-hypothesis strategy below builds random object graphs in which opted-in nodes
-are shared:
+hypothesis strategy below builds random object graphs of the classes of
+``nodes.py`` in which opted-in nodes are shared:
 
 * three opted-in classes: ``KNode`` (custom, with ``to_iterable_with_keys``),
   ``PNode`` (custom, without keys) and ``DNode`` (a dataclass registered with
@@ -20,14 +20,13 @@ in ``docs/semantics.md`` (``Model``), which walks an object graph the way a
 flatten should: pre-order, left to right, dict keys sorted, and an opted-in
 node already met is a reference (its subtree is not walked again).
 
-Stock compatibility (on trees without opted-in nodes) is tested in ``test_stock_compat.py``; here the stock module only
-serves as a reference for the *format* of ``repr``.
+Stock compatibility (on trees without opted-in nodes) is tested in
+``stock_compat/``; here the stock module only serves as a reference for the
+*format* of ``repr``.
 """
 
 from __future__ import annotations
 
-import collections
-import dataclasses
 import itertools
 import pickle
 import re
@@ -39,6 +38,7 @@ from hypothesis import strategies as st
 
 from jaxlib._jax import pytree as stock
 from jaxlib_patch import pytree as pt
+from nodes import NT, OPTED, Box, DNode, KNode, Leaf, PNode, register_all
 
 SETTINGS = settings(
     max_examples=200,
@@ -46,112 +46,6 @@ SETTINGS = settings(
     derandomize=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-
-
-# ---------------------------------------------------------------------------
-# Node classes.  Module level, so that pickle finds them by name.
-# ---------------------------------------------------------------------------
-
-
-class Leaf:
-  """A leaf object compared by identity."""
-
-  _ids = itertools.count()
-
-  def __init__(self):
-    self.i = next(Leaf._ids)
-
-  def __repr__(self):
-    return f"Leaf({self.i})"
-
-
-class KNode:
-  """Opted-in custom node registered WITH ``to_iterable_with_keys``."""
-
-  def __init__(self, tag, children):
-    self.tag = tag
-    self.children = list(children)
-
-  def __repr__(self):
-    return f"KNode({self.tag!r}, {self.children!r})"
-
-
-def knode_flatten(node):
-  return tuple(node.children), (node.tag, len(node.children))
-
-
-def knode_flatten_with_keys(node):
-  pairs = tuple(
-      (pt.GetAttrKey(f"c{i}"), c) for i, c in enumerate(node.children)
-  )
-  return pairs, (node.tag, len(node.children))
-
-
-def knode_unflatten(aux, children):
-  return KNode(aux[0], children)
-
-
-class PNode:
-  """Opted-in custom node registered WITHOUT ``to_iterable_with_keys``."""
-
-  def __init__(self, tag, children):
-    self.tag = tag
-    self.children = tuple(children)
-
-  def __repr__(self):
-    return f"PNode({self.tag!r}, {self.children!r})"
-
-
-def pnode_flatten(node):
-  return node.children, node.tag
-
-
-def pnode_unflatten(tag, children):
-  return PNode(tag, children)
-
-
-@dataclasses.dataclass(eq=False)
-class DNode:
-  """Opted-in dataclass node: data fields ``a``, ``b``; meta field ``m``."""
-
-  a: object
-  b: object
-  m: int
-
-
-class Box:
-  """Custom node registered WITHOUT the flag: plain tree semantics."""
-
-  def __init__(self, children):
-    self.children = list(children)
-
-  def __repr__(self):
-    return f"Box({self.children!r})"
-
-
-def box_flatten(box):
-  return tuple(box.children), None
-
-
-def box_unflatten(_, children):
-  return Box(children)
-
-
-NT = collections.namedtuple("NT", ["x", "y"])
-
-OPTED = (KNode, PNode, DNode)
-
-
-def register_all(registry, opt_in):
-  """Registers the custom classes; the flag only where the module has it."""
-  flag = {"preserve_relative_identities": True} if opt_in else {}
-  registry.register_node(
-      KNode, knode_flatten, knode_unflatten, knode_flatten_with_keys, **flag
-  )
-  registry.register_node(PNode, pnode_flatten, pnode_unflatten, **flag)
-  registry.register_dataclass_node(DNode, ["a", "b"], ["m"], **flag)
-  registry.register_node(Box, box_flatten, box_unflatten)
-  return registry
 
 
 # The registry under test; importable as ``<this module>.REGISTRY`` so that

@@ -15,20 +15,7 @@ import threading
 import pytest
 
 from jaxlib_patch import pytree as pt
-
-
-class Box:
-  """Opted-in: one child."""
-
-  def __init__(self, x):
-    self.x = x
-
-
-class Plain:
-  """Registered without the flag."""
-
-  def __init__(self, x):
-    self.x = x
+from nodes import Box, PNode, register_all
 
 
 def register(registry, cls, **flag):
@@ -39,18 +26,15 @@ def register(registry, cls, **flag):
 
 @pytest.fixture
 def registry():
-  r = pt.PyTreeRegistry()
-  register(r, Box, preserve_relative_identities=True)
-  register(r, Plain)
-  return r
+  return register_all(pt.PyTreeRegistry(), opt_in=True)
 
 
 # --- Treedef queries --------------------------------------------------------
 
 
 def test_no_sharing_answers_no(registry):
-  b = Box(1)
-  _, treedef = registry.flatten([b, Box(2), Plain(3), (4, None)])
+  b = PNode("b", [1])
+  _, treedef = registry.flatten([b, PNode("b", [2]), Box([3]), (4, None)])
   assert not treedef.has_shared_nodes
   assert not treedef.has_external_references
   assert not treedef.is_reference
@@ -58,9 +42,9 @@ def test_no_sharing_answers_no(registry):
 
 
 def test_a_repeated_node_is_a_shared_node(registry):
-  b = Box(1)
+  b = PNode("b", [1])
   _, treedef = registry.flatten([b, b])
-  # Traversal: leaf 0, Box 1, reference 2, list 3.
+  # Traversal: leaf 0, PNode 1, reference 2, list 3.
   assert treedef.has_shared_nodes
   assert not treedef.has_external_references
   assert not treedef.is_reference
@@ -68,32 +52,32 @@ def test_a_repeated_node_is_a_shared_node(registry):
 
 
 def test_a_repeated_plain_node_is_not_shared(registry):
-  p = Plain(1)
+  p = Box([1])
   _, treedef = registry.flatten([p, p])
   assert not treedef.has_shared_nodes
   assert treedef.shared_references() == {}
 
 
 def test_children_tell_references_and_their_targets(registry):
-  b = Box(1)
+  b = PNode("b", [1])
   _, treedef = registry.flatten((b, [3, b], b))
   first, middle, last = treedef.children()
   assert not first.has_shared_nodes and not first.has_external_references
   assert not first.is_reference
-  # Whole traversal: leaf, Box 1, leaf, ref, list, ref, tuple. The middle
+  # Whole traversal: leaf, PNode 1, leaf, ref, list, ref, tuple. The middle
   # child [3, ref] starts at 2, so its reference (1) aims at its index -1.
   assert middle.has_external_references and not middle.has_shared_nodes
   assert not middle.is_reference
   assert middle.shared_references() == {1: -1}
   assert last.is_reference and last.has_external_references
-  assert last.node_data() == (Box, pt.SharedReference(4))
+  assert last.node_data() == (PNode, pt.SharedReference(4))
   assert last.shared_references() == {0: -4}
   assert treedef.shared_references() == {3: 1, 5: 1}
 
 
 def test_shared_references_follow_each_target(registry):
-  a, b = Box(1), Box(2)
-  outer = Box([a, b])
+  a, b = PNode("a", [1]), PNode("b", [2])
+  outer = PNode("outer", [[a, b]])
   _, treedef = registry.flatten([outer, a, b, outer])
   refs = treedef.shared_references()
   assert len(refs) == 3
@@ -110,8 +94,8 @@ def test_shared_references_follow_each_target(registry):
 
 
 def test_queries_survive_state_and_node_data_round_trips(registry):
-  b = Box(1)
-  _, treedef = registry.flatten({"x": b, "y": (b, Box(2))})
+  b = PNode("b", [1])
+  _, treedef = registry.flatten({"x": b, "y": (b, PNode("b", [2]))})
   rebuilt = pt.PyTreeDef.from_node_data_and_children(
       registry, treedef.node_data(), treedef.children()
   )
@@ -123,7 +107,7 @@ def test_queries_survive_state_and_node_data_round_trips(registry):
 
 
 def test_composed_copies_do_not_share_with_each_other(registry):
-  b = Box(1)
+  b = PNode("b", [1])
   _, inner = registry.flatten([b, b])
   _, outer = registry.flatten((0, 0))
   composed = outer.compose(inner)
@@ -136,8 +120,8 @@ def test_composed_copies_do_not_share_with_each_other(registry):
 
 
 def test_preserves_relative_identities_follows_the_registration(registry):
-  assert registry.preserves_relative_identities(Box)
-  assert not registry.preserves_relative_identities(Plain)
+  assert registry.preserves_relative_identities(PNode)
+  assert not registry.preserves_relative_identities(Box)
   assert not registry.preserves_relative_identities(int)  # a leaf
   for builtin in (tuple, list, dict, type(None)):
     assert not registry.preserves_relative_identities(builtin)
@@ -153,7 +137,7 @@ def test_preserves_relative_identities_of_a_dataclass():
   assert r.preserves_relative_identities(Point)
 
 
-@pytest.mark.parametrize("bad", [Box(1), "Box", None, 3])
+@pytest.mark.parametrize("bad", [PNode("b", [1]), "PNode", None, 3])
 def test_registry_queries_reject_a_non_class(registry, bad):
   with pytest.raises(TypeError, match="expects a class"):
     registry.preserves_relative_identities(bad)

@@ -36,6 +36,7 @@ import time
 from jaxlib_patch import pytree as pt
 
 from harness import run_in_threads
+from nodes import DNode, Leaf
 
 N_THREADS = 8
 ITERATIONS = 250
@@ -49,36 +50,22 @@ def maybe_yield():
     time.sleep(0)
 
 
-class Leaf:
-  """A leaf object."""
-
-  def __init__(self, v=0):
-    self.v = v
-
-  def __repr__(self):
-    return f"Leaf({self.v})"
-
-  def __eq__(self, other):
-    return isinstance(other, Leaf) and other.v == self.v
-
-  def __hash__(self):
-    return hash(self.v)
-
-
-class Node:
-  """Opted-in custom node with keys; its functions yield the GIL."""
+class YieldingNode:
+  """Opted-in custom node with keys whose functions hand the GIL to another
+  thread (nodes.KNode's never do), so that threads interleave inside the
+  module's loops."""
 
   def __init__(self, *children, aux="n"):
     self.children = children
     self.aux = aux
 
 
-def node_flatten(node):
+def yielding_node_flatten(node):
   maybe_yield()
   return node.children, node.aux
 
 
-def node_flatten_with_keys(node):
+def yielding_node_flatten_with_keys(node):
   maybe_yield()
   return (
       tuple((pt.FlattenedIndexKey(i), c) for i, c in enumerate(node.children)),
@@ -86,50 +73,42 @@ def node_flatten_with_keys(node):
   )
 
 
-def node_unflatten(aux, children):
+def yielding_node_unflatten(aux, children):
   maybe_yield()
-  return Node(*children, aux=aux)
+  return YieldingNode(*children, aux=aux)
 
 
-@dataclasses.dataclass(eq=False)
-class DNode:
-  """Opted-in dataclass node."""
-
-  a: object
-  b: object
-  m: str = "meta"
-
-
-class Plain:
-  """A custom node without the flag."""
+class YieldingBox:
+  """A custom node without the flag whose flatten function hands the GIL to
+  another thread (nodes.Box's never does)."""
 
   def __init__(self, *children):
     self.children = children
 
 
-def plain_flatten(p):
+def yielding_box_flatten(p):
   maybe_yield()
   return p.children, None
 
 
-def plain_unflatten(_, children):
-  return Plain(*children)
+def yielding_box_unflatten(_, children):
+  return YieldingBox(*children)
 
 
 REG = pt.PyTreeRegistry()
 REG.__module__ = __name__
 REG.__name__ = "REG"
 REG.register_node(
-    Node,
-    node_flatten,
-    node_unflatten,
-    node_flatten_with_keys,
+    YieldingNode,
+    yielding_node_flatten,
+    yielding_node_unflatten,
+    yielding_node_flatten_with_keys,
     preserve_relative_identities=True,
 )
 REG.register_dataclass_node(
     DNode, ["a", "b"], ["m"], preserve_relative_identities=True
 )
-REG.register_node(Plain, plain_flatten, plain_unflatten)
+REG.register_node(YieldingBox, yielding_box_flatten, yielding_box_unflatten)
 
 # Types registered by the threads, for the others to use: (cls, opted_in).
 # Module attributes, so that pickle finds them.
@@ -137,20 +116,29 @@ NEW_TYPES = []
 NEW_TYPES_LOCK = threading.Lock()
 
 
-def make_dag(tag):
+def make_dag():
   """A DAG with sharing at several levels; leaves are distinct objects."""
-  leaves = [Leaf(f"{tag}{i}") for i in range(6)]
-  p = Node(leaves[0], leaves[1])
-  d = DNode(p, leaves[2])
-  q = Node(d, p, leaves[3])
-  tree = [p, {"a": q, "b": d}, Plain(p, d, leaves[4]), (q, [d, leaves[5]])]
+  leaves = [Leaf() for _ in range(6)]
+  p = YieldingNode(leaves[0], leaves[1])
+  d = DNode(p, leaves[2], "meta")
+  q = YieldingNode(d, p, leaves[3])
+  tree = [
+      p,
+      {"a": q, "b": d},
+      YieldingBox(p, d, leaves[4]),
+      (q, [d, leaves[5]]),
+  ]
   return tree, leaves
 
 
 def check_dag_output(out, template):
   """`out` (an unflatten result) shares exactly where make_dag's DAG does."""
   p, rest, plain, (q, (d, _)) = out
-  assert isinstance(p, Node) and isinstance(q, Node) and isinstance(d, DNode)
+  assert (
+      isinstance(p, YieldingNode)
+      and isinstance(q, YieldingNode)
+      and isinstance(d, DNode)
+  )
   assert rest["a"] is q and rest["b"] is d
   assert plain.children[0] is p and plain.children[1] is d
   assert d.a is p and q.children[0] is d and q.children[1] is p
@@ -193,8 +181,8 @@ def new_type(k, i, opted_in, dataclass):
 
 def check_new_type(cls, opted_in):
   """Flattens [o, o] for a type another thread registered."""
-  leaf = Leaf("x")
-  o = cls(leaf, Leaf("y"))
+  leaf = Leaf()
+  o = cls(leaf, Leaf())
   leaves, td = REG.flatten([o, o, o])
   if opted_in:
     assert td.num_leaves == 2 and len(leaves) == 2 and td.num_nodes == 6
@@ -212,7 +200,7 @@ def check_new_type(cls, opted_in):
 
 
 def test_thread_stress():
-  shared_tree, shared_leaves = make_dag("s")
+  shared_tree, shared_leaves = make_dag()
   expected_leaves, expected_td = REG.flatten(shared_tree)
   assert expected_leaves == shared_leaves and len(shared_leaves) == 6
   expected_repr = repr(expected_td)
@@ -225,10 +213,13 @@ def test_thread_stress():
 
   def worker(k):
     rng = random.Random(k)
-    own_tree, own_leaves = make_dag(f"t{k}")
+    own_tree, own_leaves = make_dag()
     own_reg = pt.PyTreeRegistry()
     own_reg.register_node(
-        Node, node_flatten, node_unflatten, preserve_relative_identities=True
+        YieldingNode,
+        yielding_node_flatten,
+        yielding_node_unflatten,
+        preserve_relative_identities=True,
     )
     for i in range(ITERATIONS):
       action = rng.randrange(12)
@@ -272,7 +263,7 @@ def test_thread_stress():
         expected_td.walk(
             lambda c, d: calls.append(d) or c, lambda x: x, own_leaves
         )
-        # Shared nodes built once: p, d, q, the dict, Plain, the inner
+        # Shared nodes built once: p, d, q, the dict, YieldingBox, the inner
         # list, the tuple and the root list.
         assert len(calls) == 8
         iterable = expected_td.walk(

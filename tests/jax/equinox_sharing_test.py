@@ -1,8 +1,8 @@
-"""Equinox with `jax.tree_util.preserve_relative_identities(eqx.Module)`
-(issue 10, item 2): a transformer language model whose input and output
-embeddings are one `eqx.nn.Embedding` object trains to the numbers of the
-same model tied with `eqx.nn.Shared` on stock JAX, and Equinox's own tools
-keep the tie, or say why not.
+"""Equinox with `jax.tree_util.preserve_relative_identities(eqx.Module)`:
+a transformer language model whose input and output embeddings are one
+`eqx.nn.Embedding` object trains to the numbers of the same model tied with
+`eqx.nn.Shared` on stock JAX, and Equinox's own tools keep the tie, or say
+why not.
 
 The stock numbers come from running `equinox_tied_lm.py` under stock jax and
 jaxlib 0.10.2 with the interpreter named by JAXLIB_PATCH_STOCK_PYTHON, as in

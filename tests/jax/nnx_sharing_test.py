@@ -1,4 +1,4 @@
-"""Flax NNX with its base classes opted in (issue 10, item 3):
+"""Flax NNX with its base classes opted in:
 `jax.tree_util.preserve_relative_identities(nnx.Pytree)` (every module,
 `nnx.Optimizer` and `nnx.Rngs`) and `(nnx.Variable)` (every parameter). A
 model using one `nnx.Linear` in two places trains through plain `jax.jit`

@@ -1,4 +1,4 @@
-"""Orbax checkpoints of shared trees (issue 10, item 4): Orbax's
+"""Orbax checkpoints of shared trees: Orbax's
 `StandardCheckpointer` flattens the tree with JAX, so a layer that appears
 20 times is one set of leaves: it is written once and restored, against a
 target tree with the same sharing, as one object.

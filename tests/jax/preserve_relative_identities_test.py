@@ -1,6 +1,6 @@
 """jax.tree_util.preserve_relative_identities(cls): opting in classes that
 are registered already (as libraries register theirs), with their subclasses,
-and the query preserves_relative_identities (issue 10, item 1).
+and the query preserves_relative_identities.
 
 Opting in cannot be undone, so every test makes its own class hierarchy.
 """

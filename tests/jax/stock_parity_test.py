@@ -1,6 +1,6 @@
-"""jax.tree_util behaves as stock where stock's own tests look (issue 8,
-items 10-13): iterable-leaf warnings, GC referents, treedefs of the default
-and dispatch registries, malformed pickled treedefs."""
+"""jax.tree_util behaves as stock where stock's own tests look:
+iterable-leaf warnings, GC referents, treedefs of the default and dispatch
+registries, malformed pickled treedefs."""
 
 import gc
 import warnings

@@ -1,8 +1,7 @@
-"""Shared fixtures-as-data and hypothesis strategies for the differential tests.
+"""Fixtures-as-data and hypothesis strategies of the differential tests.
 
-This module is imported by ``tests/test_stock_compat.py`` under the plain
-name ``strategies`` (the test module puts ``tests/`` on ``sys.path``).  It
-holds everything that must be importable by name so that pickle can find it:
+It holds everything that must be importable by name so that pickle can find
+it:
 
 * the custom pytree node classes (plain Python classes, dataclasses and
   namedtuples) and the Python functions that flatten / unflatten them;
@@ -73,14 +72,19 @@ class TupleSub(tuple):
   """A tuple subclass that no registry knows: always a leaf."""
 
 
-class Leaf:
-  """Fresh sentinel leaves handed to unflatten/walk; compared by identity."""
+class SentinelLeaf:
+  """Fresh sentinel leaves handed to unflatten/walk; compared by identity.
+
+  Labelled by the test that makes it (``SentinelLeaf(99)``, or a drawn
+  number), so that a failing example names its leaves; nodes.Leaf numbers
+  itself.
+  """
 
   def __init__(self, i):
     self.i = i
 
   def __repr__(self):
-    return f"Leaf({self.i})"
+    return f"SentinelLeaf({self.i})"
 
 
 # ---------------------------------------------------------------------------
@@ -182,7 +186,7 @@ class RaisingIterable:
 
   def __iter__(self):
     for i in range(self.n):
-      yield Leaf(100 + i)
+      yield SentinelLeaf(100 + i)
     raise KeyError("iteration failed")
 
   def __repr__(self):
@@ -253,6 +257,33 @@ def tuple_flatten(t):
 def tuple_unflatten(aux, children):
   log_call("tuple_unflatten", type(children).__name__)
   return tuple(children)
+
+
+class RegA:
+  """Plain classes used as registration targets (test_registrations and the
+  hand-written registration cases)."""
+
+  def __init__(self, p=1, q=2):
+    self.p, self.q = p, q
+
+
+class RegB(RegA):
+  pass
+
+
+def rega_flatten(x):
+  log_call("rega_flatten", id(x))
+  return (x.p, x.q), "rega"
+
+
+def rega_flatten_keys(x):
+  log_call("rega_flatten_keys", id(x))
+  return [("p", x.p), ("q", x.q)], "rega"
+
+
+def rega_unflatten(aux, children):
+  log_call("rega_unflatten", aux, type(children).__name__)
+  return RegA(*children)
 
 
 # ---------------------------------------------------------------------------
@@ -427,7 +458,7 @@ def builtin_trees(max_leaves=12, int_keys_too=True):
 
 # Recipes for Junk callbacks (see junk_result).
 _junk_aux = st.sampled_from(["aux", "fail-unflatten", "return-none", None])
-_good_children = st.lists(st.integers(0, 5).map(Leaf), max_size=3)
+_good_children = st.lists(st.integers(0, 5).map(SentinelLeaf), max_size=3)
 
 junk_flat_recipes = st.one_of(
     st.just(("raise", "flat")),
@@ -445,7 +476,7 @@ junk_flat_recipes = st.one_of(
 
 _key_objs = st.sampled_from(["k", 0, ("t", 1), None])
 _good_pairs = st.lists(
-    st.tuples(_key_objs, st.integers(0, 5).map(Leaf)), max_size=3
+    st.tuples(_key_objs, st.integers(0, 5).map(SentinelLeaf)), max_size=3
 )
 
 junk_keyed_recipes = st.one_of(

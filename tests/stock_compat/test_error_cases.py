@@ -1,0 +1,646 @@
+"""Hand-written cases, mostly error paths, and the recursion depth that
+errors leak: the same outcomes as stock."""
+
+import pickle
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+from stock_compat import strategies as S
+from stock_compat.strategies import (
+    DataNode,
+    DataOnly,
+    Empty,
+    Junk,
+    KeyedNode,
+    MetaOnly,
+    OURS,
+    Pair,
+    PlainNode,
+    RegA,
+    RegB,
+    STOCK,
+    SentinelLeaf,
+    Single,
+    TupleSub,
+    rega_flatten,
+    rega_flatten_keys,
+    rega_unflatten,
+)
+from stock_compat.describe import KEY_CLASSES, safe
+from stock_compat.deviations import DEVIATION_AT
+from stock_compat.compare import available_depth, both, expect_same_error
+from stock_compat.inputs import (
+    f_leaf,
+    f_node,
+    f_node_raising,
+    leaf_pool,
+    make_leaf_predicate,
+)
+
+# ---------------------------------------------------------------------------
+# Hand-written cases: error paths and quirks that random trees rarely hit.
+# Each case is fn(side) -> value; both modules must give the same outcome.
+# ---------------------------------------------------------------------------
+
+
+def _td(side, tree, flavour="full"):
+  return side.regs[flavour].flatten(tree)[1]
+
+
+def _ndc(side, node_data, children, flavour="full"):
+  return side.mod.PyTreeDef.from_node_data_and_children(
+      side.regs[flavour], node_data, children
+  )
+
+
+def _children(side, tree=(1, [2, 3])):
+  return _td(side, tree).children()
+
+
+class _BadAux:
+  """Metadata whose ==, hash and str all raise."""
+
+  def __eq__(self, other):
+    raise KeyError("eq failed")
+
+  def __hash__(self):
+    raise KeyError("hash failed")
+
+  def __str__(self):
+    raise IndexError("str failed")
+
+
+class _NotImplementedAux:
+
+  def __eq__(self, other):
+    return NotImplemented
+
+  __hash__ = object.__hash__
+
+
+class _WeirdEqAux:
+
+  def __eq__(self, other):
+    return 5
+
+  __hash__ = object.__hash__
+
+
+class _RaisingKey:
+  """A dict key whose comparison raises a custom error."""
+
+  def __init__(self, v):
+    self.v = v
+
+  def __lt__(self, other):
+    raise FloatingPointError("no ordering")
+
+  def __hash__(self):
+    return hash(self.v)
+
+  def __eq__(self, other):
+    return self is other
+
+
+def _fresh(side, **flags):
+  return side.mod.PyTreeRegistry(**flags)
+
+
+def _register_twice(side, first, second):
+  reg = _fresh(side)
+  calls = {
+      "node": lambda: reg.register_node(RegA, rega_flatten, rega_unflatten),
+      "dataclass": lambda: reg.register_dataclass_node(RegA, ["p"], ["q"]),
+  }
+  calls[first]()
+  return calls[second]()
+
+
+def _uninitialized_treedef(side):
+  return side.mod.PyTreeDef.__new__(side.mod.PyTreeDef)
+
+
+_LEAF_ENTRY = (0, 0, None, None, 1, 1)
+
+
+def _setstate_then_repr(side, entries):
+  """__setstate__ of (registry, entries), then the treedef's repr."""
+  treedef = _uninitialized_treedef(side)
+  treedef.__setstate__((side.regs["full"], entries))
+  return repr(treedef)
+
+
+def _setstate_initialized(side):
+  """__setstate__ on a treedef that already holds a tree (nanobind warns)."""
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", RuntimeWarning)
+    return _td(side, 1).__setstate__(_td(side, (1,)).__getstate__())
+
+
+def _walk(side, tree, f_node, f_leaf, leaves):
+  return _td(side, tree).walk(f_node, f_leaf, leaves)
+
+
+def _deeper_than_recursion_limit(side, method):
+  """``method`` on nested lists deeper than the recursion limit.
+
+  The limit is lowered to leave only a few hundred frames (this module runs
+  with a raised limit), so that stock, which recurses on the C stack, stays
+  far from the end of it.
+  """
+  tree = 1
+  for _ in range(3000):
+    tree = [tree]
+  old = sys.getrecursionlimit()
+  sys.setrecursionlimit(old - available_depth() + 500)
+  try:
+    return getattr(side.regs["full"], method)(tree)
+  finally:
+    sys.setrecursionlimit(old)
+
+
+class I:  # noqa: E742
+  """Inputs of the hand-written cases, shared by both sides (so that
+  objects and callback logs can be compared by identity)."""
+
+  rega = RegA()
+  raising_keys = {_RaisingKey(1): 1, _RaisingKey(2): 2}
+  leaf0 = SentinelLeaf(0)
+  pool2 = leaf_pool(2)
+  k1a = KeyedNode((1,), "a")
+  k1b = KeyedNode((1,), "b")
+  k12a = KeyedNode((1, 2), "a")
+  k10 = KeyedNode((1,), 0)
+  p1a = PlainNode([1], "a")
+  d12t = DataNode(1, 2, "t")
+  d12u = DataNode(1, 2, "u")
+  bad1 = KeyedNode((), _BadAux())
+  bad2 = KeyedNode((), _BadAux())
+  bad_child1 = KeyedNode((1,), _BadAux())
+  bad_child2 = KeyedNode((1,), _BadAux())
+  arr1 = KeyedNode((), np.arange(3))
+  arr2 = KeyedNode((), np.arange(3))
+  ni1 = KeyedNode((), _NotImplementedAux())
+  ni2 = KeyedNode((), _NotImplementedAux())
+  weird1 = KeyedNode((), _WeirdEqAux())
+  weird2 = KeyedNode((), _WeirdEqAux())
+  unhashable = KeyedNode((), [1])
+  nested = [Pair(None, ()), {}, Empty(), MetaOnly("m", 2), DataOnly(())]
+  walk_tree = {"b": KeyedNode((1,), "m"), "a": DataNode(None, 2, 3)}
+  fit_tree = [KeyedNode((1, 2), "m"), DataNode(1, 2, "t")]
+  raising_junk = Junk(("raise", "x"), ("raise", "y"))
+
+
+ERROR_CASES = {
+    # Registry construction and registration.
+    "registry_kwargs_defaults": lambda s: _fresh(s).flatten(
+        (None, [1], {"a": 2}, Pair(3, 4))
+    ),
+    "registry_positional_flags": lambda s: s.mod.PyTreeRegistry(
+        True, True, True, True, False
+    ).flatten({"a": 1}),
+    "registry_too_many_flags": lambda s: s.mod.PyTreeRegistry(
+        True, True, True, True, True, True
+    ),
+    "registry_unknown_kwarg": lambda s: s.mod.PyTreeRegistry(bogus=True),
+    "registry_int_flag": lambda s: s.mod.PyTreeRegistry(enable_none=1),
+    "registry_numpy_bool_flag": lambda s: s.mod.PyTreeRegistry(
+        enable_list=np.False_
+    ),
+    "registry_reduce_unnamed": lambda s: _fresh(s).__reduce__(),
+    "registry_reduce_named": lambda s: s.regs["full"].__reduce__()
+    == s.regs["full"].__name__,
+    "registry_pickle_named": lambda s: pickle.loads(
+        pickle.dumps(s.regs["full"])
+    )
+    is s.regs["full"],
+    "registry_pickle_unnamed": lambda s: pickle.dumps(_fresh(s)),
+    "registry_dict_attr": lambda s: sorted(vars(_fresh(s))),
+    "duplicate_node": lambda s: _register_twice(s, "node", "node"),
+    "duplicate_dataclass": lambda s: _register_twice(
+        s, "dataclass", "dataclass"
+    ),
+    "node_then_dataclass": lambda s: _register_twice(s, "node", "dataclass"),
+    "dataclass_then_node": lambda s: _register_twice(s, "dataclass", "node"),
+    "register_builtin_tuple": lambda s: _fresh(s).register_node(
+        tuple, rega_flatten, rega_unflatten
+    ),
+    "register_builtin_none": lambda s: _fresh(s).register_dataclass_node(
+        type(None), [], []
+    ),
+    "register_tuple_when_disabled": lambda s: _fresh(
+        s, enable_tuple=False
+    ).register_node(tuple, S.tuple_flatten, S.tuple_unflatten),
+    "register_non_type": lambda s: _fresh(s).register_node(
+        5, rega_flatten, rega_unflatten
+    ),
+    "register_non_callable": lambda s: _fresh(s).register_node(RegA, 5, 6),
+    "register_bad_keys_fn": lambda s: _fresh(s).register_node(
+        RegA, rega_flatten, rega_unflatten, 7
+    ),
+    "register_keys_fn_none": lambda s: _fresh(s).register_node(
+        RegA, rega_flatten, rega_unflatten, None
+    ),
+    "register_keys_fn_kw": lambda s: _fresh(s).register_node(
+        RegA,
+        rega_flatten,
+        rega_unflatten,
+        to_iterable_with_keys=rega_flatten_keys,
+    ),
+    "register_all_kw": lambda s: _fresh(s).register_node(
+        type=RegA, to_iterable=rega_flatten, from_iterable=rega_unflatten
+    ),
+    "dataclass_fields_str": lambda s: _fresh(s).register_dataclass_node(
+        RegA, "pq", "r"
+    ),
+    "dataclass_fields_ints": lambda s: _fresh(s).register_dataclass_node(
+        RegA, [1], []
+    ),
+    "dataclass_fields_tuple": lambda s: _fresh(s).register_dataclass_node(
+        RegA, ("p",), ("q",)
+    ),
+    "dataclass_kwargs": lambda s: _fresh(s).register_dataclass_node(
+        type=RegA, data_fields=["p"], meta_fields=[]
+    ),
+    "dataclass_missing_attr": lambda s: (
+        lambda r: (
+            r.register_dataclass_node(RegA, ["p", "zz"], []),
+            r.flatten(I.rega),
+        )
+    )(_fresh(s)),
+    "dataclass_unflatten_bad_ctor": lambda s: (
+        lambda r: (
+            r.register_dataclass_node(RegA, ["p"], ["zz"]),
+            s.mod.PyTreeDef.from_node_data_and_children(
+                r, (RegA, (1,)), [_td(s, 0)]
+            ).unflatten([1]),
+        )
+    )(_fresh(s)),
+    # flatten & friends: bad arguments.
+    "flatten_no_args": lambda s: s.regs["full"].flatten(),
+    "flatten_kw_tree": lambda s: s.regs["full"].flatten(tree=[1, (2,)]),
+    "flatten_bad_predicate": lambda s: s.regs["full"].flatten([1], 5),
+    "flatten_predicate_raises_on_root": lambda s: s.regs["full"].flatten(
+        (1,), lambda x: 1 / 0
+    ),
+    "flatten_predicate_numpy_bool": lambda s: s.regs["full"].flatten(
+        [1], lambda x: np.True_
+    ),
+    "flatten_predicate_wrong_arity": lambda s: s.regs["full"].flatten_with_path(
+        [1], lambda x: False
+    ),
+    "flatten_with_path_kw": lambda s: s.regs["full"].flatten_with_path(
+        tree={"a": (1,)}, leaf_predicate=None
+    ),
+    "flatten_with_path_none_tree": lambda s: s.regs["full"].flatten_with_path(
+        None
+    ),
+    "flatten_raising_dict_key": lambda s: s.regs["full"].flatten(
+        I.raising_keys
+    ),
+    "flatten_one_level_leaf": lambda s: s.regs["full"].flatten_one_level(5),
+    "flatten_one_level_keys_leaf": lambda s: s.regs[
+        "full"
+    ].flatten_one_level_with_keys(5),
+    "flatten_one_level_namedtuple_keys": lambda s: s.regs[
+        "full"
+    ].flatten_one_level_with_keys(Pair(1, 2)),
+    "flatten_one_level_list_identity": lambda s: (
+        lambda x: s.regs["full"].flatten_one_level(x)[0] is x
+    )([1, 2]),
+    "flatten_one_level_tuple_identity": lambda s: (
+        lambda x: s.regs["full"].flatten_one_level(x)[0] is x
+    )((1, 2)),
+    "flatten_one_level_dict_unsortable": lambda s: s.regs[
+        "full"
+    ].flatten_one_level({1: 1, "a": 2}),
+    "flatten_huge_int_leaf": lambda s: s.regs["full"].flatten([2**200]),
+    "flatten_deeper_than_recursion_limit": lambda s: _deeper_than_recursion_limit(
+        s, "flatten"
+    ),
+    "flatten_with_path_deeper_than_recursion_limit": lambda s: _deeper_than_recursion_limit(
+        s, "flatten_with_path"
+    ),
+    # unflatten.
+    "unflatten_too_few": lambda s: _td(s, (1, [2, 3])).unflatten([1]),
+    "unflatten_too_many": lambda s: _td(s, (1, [2, 3])).unflatten(range(9)),
+    "unflatten_non_iterable": lambda s: _td(s, (1, 2)).unflatten(5),
+    "unflatten_string": lambda s: _td(s, (1, 2)).unflatten("ab"),
+    "unflatten_dict": lambda s: _td(s, (1, 2)).unflatten({"a": 1, "b": 2}),
+    "unflatten_no_args": lambda s: _td(s, (1, 2)).unflatten(),
+    "unflatten_leaf_treedef": lambda s: _td(s, 1).unflatten([I.leaf0]),
+    "unflatten_namedtuple_ctor": lambda s: _td(s, Pair(1, 2)).unflatten([1, 2]),
+    # flatten_up_to.
+    "up_to_none_prefix": lambda s: _td(s, (None, 1)).flatten_up_to((5, 1)),
+    "up_to_expected_none": lambda s: _td(s, [None]).flatten_up_to([3]),
+    "up_to_tuple_vs_list": lambda s: _td(s, (1, 2)).flatten_up_to([1, 2]),
+    "up_to_tuple_arity": lambda s: _td(s, (1, 2)).flatten_up_to((1, 2, 3)),
+    "up_to_list_arity": lambda s: _td(s, [1, 2]).flatten_up_to([1]),
+    "up_to_dict_keys": lambda s: _td(s, {"a": 1, "b": 2}).flatten_up_to(
+        {"a": 1, "c": 2}
+    ),
+    "up_to_dict_vs_list": lambda s: _td(s, {"a": 1}).flatten_up_to([1]),
+    "up_to_dict_int_keys": lambda s: _td(s, {1: 1, 2: 2}).flatten_up_to(
+        {1: 1, 3: 2}
+    ),
+    "up_to_dict_unsortable": lambda s: _td(s, {"a": 1}).flatten_up_to(
+        {"a": 1, 1: 2}
+    ),
+    "up_to_namedtuple_vs_tuple": lambda s: _td(s, Pair(1, 2)).flatten_up_to(
+        (1, 2)
+    ),
+    "up_to_namedtuple_other": lambda s: _td(s, Pair(1, 2)).flatten_up_to(
+        Single(1)
+    ),
+    "up_to_custom_meta": lambda s: _td(s, I.k1a).flatten_up_to(I.k1b),
+    "up_to_custom_type": lambda s: _td(s, I.k1a).flatten_up_to(I.p1a),
+    "up_to_custom_arity": lambda s: _td(s, I.k1a).flatten_up_to(I.k12a),
+    "up_to_dataclass_meta": lambda s: _td(s, I.d12t).flatten_up_to(I.d12u),
+    "up_to_dataclass_vs_leaf": lambda s: _td(s, I.d12t).flatten_up_to(5),
+    "up_to_bad_meta_eq": lambda s: _td(s, I.bad_child1).flatten_up_to(
+        I.bad_child2
+    ),
+    "up_to_no_args": lambda s: _td(s, (1,)).flatten_up_to(),
+    # Equality / hash / repr of treedefs with odd metadata.
+    "eq_bad_meta": lambda s: _td(s, I.bad1) == _td(s, I.bad2),
+    "ne_bad_meta": lambda s: _td(s, I.bad1) != _td(s, I.bad2),
+    "eq_array_meta": lambda s: _td(s, I.arr1) == _td(s, I.arr2),
+    "eq_notimplemented_meta": lambda s: _td(s, I.ni1) == _td(s, I.ni2),
+    "eq_weird_meta": lambda s: _td(s, I.weird1) == _td(s, I.weird2),
+    "hash_bad_meta": lambda s: type(hash(_td(s, I.bad1))),
+    "hash_unhashable_meta": lambda s: type(hash(_td(s, I.unhashable))),
+    "repr_bad_meta": lambda s: repr(_td(s, I.bad1)),
+    "repr_str_dict_keys": lambda s: repr(_td(s, {"a'b": 1, 'c"': 2})),
+    "repr_nested": lambda s: repr(_td(s, I.nested)),
+    "eq_across_registries_builtin": lambda s: _td(s, (1, [2]))
+    == _td(s, (1, [2]), "bare"),
+    "eq_across_registries_custom": lambda s: _td(s, I.k10)
+    == _td(s, I.k10, "no_none"),
+    "eq_int_float_keys": lambda s: _td(s, {1: 0}) == _td(s, {1.0: 0}),
+    "eq_wrong_type_arg": lambda s: _td(s, (1,)).__eq__(5),
+    "ne_wrong_type_arg": lambda s: _td(s, (1,)).__ne__(5),
+    # compose / treedef_tuple.
+    "compose_across_registries": lambda s: _td(s, (1, 2)).compose(
+        _td(s, [1], "bare")
+    ),
+    "compose_non_treedef": lambda s: _td(s, (1, 2)).compose(5),
+    "compose_leaf_outer": lambda s: _td(s, 1).compose(_td(s, (1, 2))),
+    "compose_leaf_inner": lambda s: _td(s, (1, 2)).compose(_td(s, 1)),
+    "compose_empty_outer": lambda s: _td(s, ()).compose(_td(s, (1, 2))),
+    "treedef_tuple_across_registries": lambda s: s.mod.treedef_tuple(
+        s.regs["full"], [_td(s, 1), _td(s, 1, "bare")]
+    ),
+    "treedef_tuple_empty": lambda s: s.mod.treedef_tuple(s.regs["full"], []),
+    "treedef_tuple_non_treedef": lambda s: s.mod.treedef_tuple(
+        s.regs["full"], [5]
+    ),
+    "treedef_tuple_tuple_arg": lambda s: s.mod.treedef_tuple(
+        s.regs["full"], (_td(s, 1),)
+    ),
+    "treedef_tuple_iterator_arg": lambda s: s.mod.treedef_tuple(
+        s.regs["full"], iter([_td(s, 1)])
+    ),
+    "treedef_tuple_no_tuple_registry": lambda s: s.mod.treedef_tuple(
+        s.regs["no_tuple"], [_td(s, 1, "no_tuple")]
+    ),
+    "treedef_tuple_bad_registry": lambda s: s.mod.treedef_tuple(5, []),
+    # children / node_data / from_node_data_and_children.
+    "node_data_leaf": lambda s: _td(s, 1).node_data(),
+    "node_data_none": lambda s: _td(s, None).node_data(),
+    "node_data_dict": lambda s: _td(s, {"b": 1, "a": 2}).node_data(),
+    "node_data_namedtuple": lambda s: _td(s, Pair(1, 2)).node_data(),
+    "node_data_dataclass": lambda s: _td(s, I.d12t).node_data(),
+    "node_data_tuple_custom": lambda s: _td(
+        s, (1,), "tuple_custom"
+    ).node_data(),
+    "children_leaf": lambda s: _td(s, 1).children(),
+    "ndc_leaf": lambda s: _ndc(s, None, []),
+    "ndc_leaf_with_children": lambda s: _ndc(s, None, _children(s)),
+    "ndc_unregistered_type": lambda s: _ndc(s, (int, None), []),
+    "ndc_tuple_bad_children": lambda s: _ndc(s, (tuple, None), [1]),
+    "ndc_tuple_generator_children": lambda s: _ndc(
+        s, (tuple, None), iter(_children(s))
+    ),
+    "ndc_tuple_ignored_data": lambda s: _ndc(s, (tuple, "x"), []),
+    "ndc_list": lambda s: _ndc(s, (list, None), _children(s)),
+    "ndc_dict": lambda s: _ndc(s, (dict, ["a", "b"]), _children(s)),
+    "ndc_dict_unsorted_keys": lambda s: _ndc(
+        s, (dict, ["b", "a"]), _children(s)
+    ),
+    "ndc_dict_key_tuple": lambda s: _ndc(s, (dict, ("a", "b")), _children(s)),
+    "ndc_dict_bad_data": lambda s: _ndc(s, (dict, 5), _children(s)),
+    "ndc_dict_mapping_data": lambda s: _ndc(
+        s, (dict, {"a": 1, "b": 2}), _children(s)
+    ),
+    "ndc_dict_too_few_keys": lambda s: repr(
+        _ndc(s, (dict, ["a"]), _children(s))
+    ),
+    "ndc_none": lambda s: _ndc(s, (type(None), None), []),
+    "ndc_namedtuple": lambda s: _ndc(s, (Pair, None), _children(s)),
+    "ndc_namedtuple_wrong_count": lambda s: _ndc(
+        s, (Pair, None), _children(s)[:1]
+    ),
+    "ndc_custom": lambda s: _ndc(s, (KeyedNode, "m"), _children(s)),
+    "ndc_dataclass": lambda s: _ndc(s, (DataNode, ("t",)), _children(s)),
+    "ndc_non_type": lambda s: _ndc(s, (5, None), _children(s)),
+    "ndc_not_a_pair": lambda s: _ndc(s, 5, _children(s)),
+    "ndc_triple": lambda s: _ndc(s, (tuple, None, 1), _children(s)),
+    "ndc_children_int": lambda s: _ndc(s, (tuple, None), 5),
+    "ndc_disabled_tuple": lambda s: _ndc(
+        s, (tuple, None), _children(s), "no_tuple"
+    ),
+    "ndc_disabled_none": lambda s: _ndc(s, (type(None), None), [], "no_none"),
+    "ndc_disabled_namedtuple": lambda s: _ndc(
+        s, (Pair, None), _children(s), "no_namedtuple"
+    ),
+    "ndc_custom_in_bare": lambda s: _ndc(s, (KeyedNode, "m"), [], "bare"),
+    "ndc_mixed_registry_children": lambda s: _ndc(
+        s, (tuple, None), _children(s) + [_td(s, 1, "bare")]
+    ),
+    "ndc_kwargs": lambda s: s.mod.PyTreeDef.from_node_data_and_children(
+        registry=s.regs["full"], node_data=None, children=[]
+    ),
+    # walk.
+    "walk_f_leaf_none": lambda s: _walk(s, (1, 2), f_node, None, [1, 2]),
+    "walk_too_few": lambda s: _walk(s, (1, [2]), f_node, f_leaf, [1]),
+    "walk_too_many": lambda s: _walk(s, (1, [2]), f_node, f_leaf, [1, 2, 3]),
+    "walk_f_leaf_raises": lambda s: _walk(
+        s, (1,), f_node, lambda x: 1 / 0, [1]
+    ),
+    "walk_f_node_raises": lambda s: _walk(s, [1], f_node_raising, f_leaf, [1]),
+    "walk_non_iterable": lambda s: _walk(s, (1,), f_node, f_leaf, 5),
+    "walk_non_callable": lambda s: _walk(s, (1,), 5, f_leaf, [1]),
+    "walk_custom_and_dict": lambda s: _walk(
+        s, I.walk_tree, f_node, f_leaf, I.pool2
+    ),
+    # from_iterable_tree.
+    "fit_non_iterable": lambda s: _td(s, (1, 2)).from_iterable_tree(5),
+    "fit_none_node": lambda s: _td(s, (None, 1)).from_iterable_tree([None, 1]),
+    "fit_dict_iterates_keys": lambda s: _td(
+        s, {"a": 1, "b": 2}
+    ).from_iterable_tree({"b": 3, "a": 4}),
+    "fit_arity": lambda s: _td(s, (1, 2)).from_iterable_tree([1]),
+    "fit_string": lambda s: _td(s, (1, 2)).from_iterable_tree("ab"),
+    "fit_custom": lambda s: _td(s, I.fit_tree).from_iterable_tree(
+        [[3, 4], [5, 6]]
+    ),
+    "fit_leaf": lambda s: _td(s, 1).from_iterable_tree([1, 2]),
+    # proto.
+    "proto_custom_node": lambda s: _td(s, I.k10).serialize_using_proto(),
+    "proto_namedtuple": lambda s: _td(s, Pair(1, 2)).serialize_using_proto(),
+    "proto_int_keys": lambda s: _td(s, {1: 2}).serialize_using_proto(),
+    "proto_leaf": lambda s: _td(s, 1).serialize_using_proto(),
+    "proto_none": lambda s: _td(s, None).serialize_using_proto(),
+    "proto_tuple_custom": lambda s: _td(
+        s, (1,), "tuple_custom"
+    ).serialize_using_proto(),
+    "proto_garbage": lambda s: s.mod.PyTreeDef.deserialize_using_proto(
+        s.regs["full"], b"garbage"
+    ),
+    "proto_empty": lambda s: repr(
+        s.mod.PyTreeDef.deserialize_using_proto(s.regs["full"], b"")
+    ),
+    "proto_bad_node_type": lambda s: s.mod.PyTreeDef.deserialize_using_proto(
+        s.regs["full"], b"\n\x02\x10\x07"
+    ),
+    "proto_two_roots": lambda s: repr(
+        s.mod.PyTreeDef.deserialize_using_proto(
+            s.regs["full"], b"\n\x02\x10\x01\n\x02\x10\x01"
+        )
+    ),
+    "proto_str_arg": lambda s: s.mod.PyTreeDef.deserialize_using_proto(
+        s.regs["full"], "abc"
+    ),
+    "proto_bytearray_arg": lambda s: s.mod.PyTreeDef.deserialize_using_proto(
+        s.regs["full"], bytearray(b"")
+    ),
+    "proto_kwargs": lambda s: s.mod.PyTreeDef.deserialize_using_proto(
+        registry=s.regs["full"], data=_td(s, [1]).serialize_using_proto()
+    ),
+    "proto_into_disabled_dict": lambda s: repr(
+        s.mod.PyTreeDef.deserialize_using_proto(
+            s.regs["no_dict"], _td(s, {"a": 1}).serialize_using_proto()
+        )
+    ),
+    # pickle / state.
+    "getstate_default_registry": lambda s: _td(
+        s, (1,), "default"
+    ).__getstate__(),
+    "pickle_default_registry": lambda s: pickle.dumps(_td(s, (1,), "default")),
+    "pickle_unnamed_registry": lambda s: pickle.dumps(
+        _fresh(s).flatten((1,))[1]
+    ),
+    "setstate_int": lambda s: _uninitialized_treedef(s).__setstate__(5),
+    "setstate_wrong_tuple": lambda s: _uninitialized_treedef(s).__setstate__(
+        (s.regs["full"], [(0, 0, None, None, 1, 1)], 3)
+    ),
+    "setstate_unknown_kind": lambda s: _uninitialized_treedef(s).__setstate__(
+        (s.regs["full"], [(9, 0, None, None, 1, 1)])
+    ),
+    # States whose arities do not make one tree: stock accepts them and fails
+    # at the first use.
+    "setstate_arity_too_big": lambda s: _setstate_then_repr(
+        s, [_LEAF_ENTRY, (2, 2, None, None, 1, 2)]
+    ),
+    "setstate_negative_arity": lambda s: _setstate_then_repr(
+        s, [_LEAF_ENTRY, (2, -1, None, None, 1, 2)]
+    ),
+    "setstate_two_roots": lambda s: _setstate_then_repr(
+        s, [_LEAF_ENTRY, _LEAF_ENTRY]
+    ),
+    "setstate_no_nodes": lambda s: _setstate_then_repr(s, []),
+    "setstate_dict_keys_short": lambda s: _setstate_then_repr(
+        s, [_LEAF_ENTRY, _LEAF_ENTRY, (5, 2, ["a"], None, 2, 3)]
+    ),
+    "setstate_dict_keys_not_a_list": lambda s: _setstate_then_repr(
+        s, [_LEAF_ENTRY, (5, 1, "a", None, 1, 2)]
+    ),
+    "setstate_valid": lambda s: (
+        lambda t: (t.__setstate__(_td(s, (1, [2])).__getstate__()), t)[1]
+    )(_uninitialized_treedef(s)),
+    "setstate_initialized": lambda s: _setstate_initialized(s),
+    "treedef_no_constructor": lambda s: s.mod.PyTreeDef(),
+    # all_leaves / is_node.
+    "all_leaves_non_iterable": lambda s: s.mod.all_leaves(s.regs["full"], 5),
+    "all_leaves_none": lambda s: s.mod.all_leaves(s.regs["full"], [None]),
+    "all_leaves_none_disabled": lambda s: s.mod.all_leaves(
+        s.regs["no_none"], [None, 1]
+    ),
+    "all_leaves_empty": lambda s: s.mod.all_leaves(s.regs["full"], []),
+    "all_leaves_bad_registry": lambda s: s.mod.all_leaves(5, []),
+    "is_node_non_type": lambda s: s.regs["full"].is_node(5),
+    "is_node_subclass": lambda s: [
+        s.regs["full"].is_node(t) for t in (TupleSub, bool, RegB)
+    ],
+    # Keys.
+    "key_bad_types": lambda s: [
+        safe(lambda c=c, a=a: getattr(s.mod, c)(a))
+        for c in KEY_CLASSES
+        for a in (1.5, "x", None, -1, 2**64)
+    ],
+    "key_no_args": lambda s: s.mod.SequenceKey(),
+    "key_setstate": lambda s: (lambda k: (k.__setstate__((7,)), k)[1])(
+        s.mod.SequenceKey.__new__(s.mod.SequenceKey)
+    ),
+    "key_setstate_bad": lambda s: s.mod.SequenceKey.__new__(
+        s.mod.SequenceKey
+    ).__setstate__(("a",)),
+    "key_eq_across_classes": lambda s: s.mod.SequenceKey(1)
+    == s.mod.FlattenedIndexKey(1),
+    "key_unhashable": lambda s: hash(s.mod.DictKey([1])),
+    "key_match_args_class": lambda s: [
+        getattr(s.mod, c).__match_args__ for c in KEY_CLASSES
+    ],
+    "module_version": lambda s: s.mod.version,
+    "default_registry_singleton": lambda s: s.mod.default_registry()
+    is s.mod.default_registry(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ERROR_CASES))
+def test_hand_written_case(name):
+  """Each hand-written case (mostly error paths) has the same outcome, or
+  the one DEVIATIONS documents for it."""
+  place = f"case:{name}"
+  both(name, ERROR_CASES[name], place=place if place in DEVIATION_AT else None)
+
+
+def _leak_of(fn, repeat=20):
+  """Recursion levels leaked by calling fn (expected to raise) repeat times."""
+  before = available_depth()
+  for _ in range(repeat):
+    try:
+      fn()
+    except Exception:  # noqa: BLE001
+      pass
+  return before - available_depth()
+
+
+NESTED_ERRORS = {
+    "flatten_nested_unsortable": lambda s: s.regs["full"].flatten(
+        [[{1: 1, "a": 2}]]
+    ),
+    "flatten_nested_raising_to_iterable": lambda s: s.regs["full"].flatten(
+        [[I.raising_junk]]
+    ),
+    "flatten_nested_raising_predicate": lambda s: s.regs["full"].flatten(
+        [(1, (2,))], make_leaf_predicate("raises")
+    ),
+    "flatten_with_path_nested_unsortable": lambda s: s.regs[
+        "full"
+    ].flatten_with_path([[{1: 1, "a": 2}]]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NESTED_ERRORS))
+def test_recursion_depth_leak_not_worse_than_stock(name):
+  """Errors raised below the root must not leak more interpreter recursion
+  depth in the candidate than in stock (stock leaks one level per nesting
+  level; the candidate may leak less, never more).  Both must raise."""
+  expect_same_error(name, NESTED_ERRORS[name])
+  stock_leak = _leak_of(lambda: NESTED_ERRORS[name](STOCK))
+  ours_leak = _leak_of(lambda: NESTED_ERRORS[name](OURS))
+  assert ours_leak <= stock_leak, (name, ours_leak, stock_leak)

@@ -1,0 +1,312 @@
+"""Flattening and unflattening: the same outcomes as stock."""
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from stock_compat import strategies as S
+from stock_compat.strategies import KeyedNode, SentinelLeaf
+from stock_compat.describe import NAMEDTUPLES
+from stock_compat.deviations import sort_order_is_an_artifact
+from stock_compat.compare import PROPERTY, both, check_hash_consistency
+from stock_compat.inputs import (
+    LEAF_ITERABLES,
+    draw_leafwise_extension,
+    draw_mutant,
+    f_leaf,
+    f_node,
+    flatten_with,
+    flatten_with_path_with,
+    leaf_pool,
+    leaf_predicate_names,
+    path_predicate_names,
+    subtrees,
+    treedef_of,
+)
+
+
+@PROPERTY
+@given(
+    tree=S.trees(mixed_keys=True), flavour=S.flavours, pred=leaf_predicate_names
+)
+def test_flatten(tree, flavour, pred):
+  """flatten: same leaves (by identity, in order), same treedef repr and
+  sizes, same predicate/to_iterable calls, same errors."""
+
+  def op(side):
+    leaves, treedef = flatten_with(side, flavour, tree, pred)
+    assert treedef.num_leaves == len(leaves)
+    return [id(x) for x in leaves], leaves, treedef
+
+  s, o = both("flatten", op)
+  if s.ok:
+    # Consistency of the returned treedef with itself, in both modules.
+    both("treedef == itself", lambda side: op(side)[2] == op(side)[2])
+    for r in (s, o):
+      check_hash_consistency(r.value[2], r.value[2])
+
+
+@PROPERTY
+@given(
+    tree=S.trees(mixed_keys=True), flavour=S.flavours, pred=path_predicate_names
+)
+def test_flatten_with_path(tree, flavour, pred):
+  """flatten_with_path: same (key path, leaf) pairs (keys compared by type,
+  repr and str; leaves by identity), same treedef, and the treedef equals the
+  one from flatten when no predicate is given."""
+
+  def op(side):
+    pairs, treedef = flatten_with_path_with(side, flavour, tree, pred)
+    return [id(leaf) for _, leaf in pairs], pairs, treedef
+
+  s, _ = both("flatten_with_path", op)
+  if s.ok and pred in ("absent", "explicit_none"):
+    both(
+        "flatten_with_path treedef == flatten treedef",
+        lambda side: op(side)[2] == treedef_of(side, flavour, tree),
+    )
+
+
+@PROPERTY
+@given(tree=S.trees(mixed_keys=True), flavour=S.flavours)
+def test_flatten_one_level(tree, flavour):
+  """flatten_one_level and flatten_one_level_with_keys on every subtree:
+  same children (and whether the input container itself is returned), same
+  aux data, same keys, None for leaves, same errors."""
+  for sub in subtrees(tree):
+
+    def plain(side, sub=sub):
+      res = side.regs[flavour].flatten_one_level(sub)
+      return res, res is not None and res[0] is sub
+
+    def keyed(side, sub=sub):
+      return side.regs[flavour].flatten_one_level_with_keys(sub)
+
+    both("flatten_one_level", plain)
+    both(
+        "flatten_one_level_with_keys",
+        keyed,
+        place=(
+            "test_flatten_one_level/flatten_one_level_with_keys"
+            if type(sub) in NAMEDTUPLES
+            else None
+        ),
+    )
+
+
+@PROPERTY
+@given(
+    tree=S.trees(),
+    flavour=S.flavours,
+    pred=leaf_predicate_names,
+    delta=st.sampled_from([0, 0, 0, -1, 1, 5]),
+    kind=st.sampled_from(sorted(LEAF_ITERABLES)),
+)
+def test_unflatten(tree, flavour, pred, delta, kind):
+  """unflatten with fresh sentinel leaves (right and wrong counts, several
+  iterable kinds): same rebuilt tree (types, dict order, custom nodes built
+  via the same from_iterable calls), or same error; also unflatten(flatten(t))
+  round trip."""
+  s, _ = both("flatten", lambda side: flatten_with(side, flavour, tree, pred))
+  if not s.ok:
+    return
+  n = s.value[1].num_leaves
+  pool = leaf_pool(n + delta)
+
+  def op(side):
+    treedef = flatten_with(side, flavour, tree, pred)[1]
+    return treedef.unflatten(LEAF_ITERABLES[kind](pool))
+
+  both("unflatten", op)
+
+  def roundtrip(side):
+    leaves, treedef = flatten_with(side, flavour, tree, pred)
+    return treedef.unflatten(leaves)
+
+  both("unflatten(flatten(tree))", roundtrip)
+
+
+@PROPERTY
+@given(
+    data=st.data(),
+    tree=S.trees(),
+    flavour=S.flavours,
+    how=st.sampled_from(
+        ["extension", "extension", "mutant", "mutant", "independent", "same"]
+    ),
+)
+def test_flatten_up_to(data, tree, flavour, how):
+  """treedef.flatten_up_to on trees that do and do not have the treedef as a
+  prefix: same returned subtrees (by identity where objects), same error
+  type and message for every kind of mismatch."""
+  if how == "extension":
+    full = draw_leafwise_extension(data, tree, flavour)
+  elif how == "mutant":
+    full = draw_mutant(data, draw_leafwise_extension(data, tree, flavour))
+  elif how == "independent":
+    full = data.draw(S.trees(), label="independent tree")
+  else:
+    full = tree
+
+  def op(side):
+    out = treedef_of(side, flavour, tree).flatten_up_to(full)
+    return [id(x) for x in out], out
+
+  both("flatten_up_to", op)
+
+
+@PROPERTY
+@given(
+    junk=S.junk_nodes,
+    flavour=st.sampled_from(
+        [f for f in S.ALL_FLAVOURS if f not in ("bare", "default")]
+    ),
+    wrap=st.sampled_from(["bare", "list", "dict", "keyed"]),
+    pred=path_predicate_names,
+)
+def test_misbehaving_custom_nodes(junk, flavour, wrap, pred):
+  """Custom nodes whose to_iterable / to_iterable_with_keys raise, return
+  non-tuples, wrong-sized tuples, non-iterable children, generators,
+  iterables that raise, junk key/leaf pairs, or whose from_iterable raises
+  or returns None: every operation gives the same result or error."""
+  tree = {
+      "bare": junk,
+      "list": [1, junk],
+      "dict": {"b": junk, "a": (junk,)},
+      "keyed": KeyedNode((junk, 2), "m"),
+  }[wrap]
+  s, _ = both("flatten", lambda side: side.regs[flavour].flatten(tree))
+  both(
+      "flatten_with_path",
+      lambda side: flatten_with_path_with(side, flavour, tree, pred),
+      place="test_misbehaving_custom_nodes/flatten_with_path",
+  )
+  both(
+      "flatten_one_level",
+      lambda side: side.regs[flavour].flatten_one_level(junk),
+  )
+  both(
+      "flatten_one_level_with_keys",
+      lambda side: side.regs[flavour].flatten_one_level_with_keys(junk),
+      place="test_misbehaving_custom_nodes/flatten_one_level_with_keys",
+  )
+  if s.ok:
+    pool = leaf_pool(s.value[1].num_leaves)
+    both(
+        "unflatten",
+        lambda side: treedef_of(side, flavour, tree).unflatten(pool),
+    )
+    both(
+        "repr/==/num_nodes",
+        lambda side: (lambda t: (repr(t), t == t, t.num_nodes, t.node_data()))(
+            treedef_of(side, flavour, tree)
+        ),
+    )
+    both(
+        "walk",
+        lambda side: treedef_of(side, flavour, tree).walk(f_node, f_leaf, pool),
+    )
+    both(
+        "flatten_up_to(tree)",
+        lambda side: treedef_of(side, flavour, tree).flatten_up_to(tree),
+    )
+
+
+_numeric_keys = st.one_of(
+    st.integers(-3, 3),
+    st.just(float("nan")),
+    st.sampled_from([1.0, 0.5, -0.0, True, False, float("inf")]),
+)
+_frozenset_keys = st.sampled_from(
+    [frozenset(), frozenset({1}), frozenset({2}), frozenset({1, 2})]
+)
+_other_keys = st.sampled_from([None, (1,), ("a",), b"a"])
+_any_key = st.one_of(
+    _numeric_keys,
+    st.text(alphabet="ab", max_size=2),
+    _frozenset_keys,
+    _other_keys,
+)
+
+# Key lists drawn from one family of mutually comparable keys (numbers with
+# NaN, strings, frozensets: not totally ordered), or from all of them mixed.
+dict_key_lists = st.one_of(
+    st.lists(_numeric_keys, max_size=6),
+    st.lists(st.text(alphabet="ab", max_size=2), max_size=4),
+    st.lists(_frozenset_keys, max_size=4),
+    st.lists(_any_key, max_size=4),
+)
+
+
+@PROPERTY
+@given(
+    keys=dict_key_lists,
+    flavour=st.sampled_from(["full", "no_none", "no_dict", "default"]),
+    other_keys=dict_key_lists,
+)
+def test_dict_keys(keys, flavour, other_keys):
+  """Dicts with heterogeneous keys (sortable or not, equal-but-different
+  types like 1/1.0/True, keys without a total order: NaN, frozensets):
+  flatten, flatten_with_path, flatten_up_to
+  against a dict with other keys, unflatten, repr, and proto serialization
+  all agree with stock."""
+  tree = {k: SentinelLeaf(i) for i, k in enumerate(keys)}
+  other = {k: SentinelLeaf(10 + i) for i, k in enumerate(other_keys)}
+  # Item 6 of the deliberate differences: where the keys have no total
+  # order, the candidate orders them with sorted() (checked by oracles).
+  sorts = flavour != "no_dict"
+  in_tree = sorts and sort_order_is_an_artifact(tree)
+  in_other = sorts and sort_order_is_an_artifact(other)
+
+  def at(op, applies):
+    return f"test_dict_keys/{op}" if applies else None
+
+  s, _ = both(
+      "flatten",
+      lambda side: side.regs[flavour].flatten(tree),
+      place=at("flatten", in_tree),
+      ctx={"tree": tree},
+  )
+  both(
+      "flatten other",
+      lambda side: side.regs[flavour].flatten(other),
+      place=at("flatten other", in_other),
+      ctx={"other": other},
+  )
+  both(
+      "flatten_with_path",
+      lambda side: side.regs[flavour].flatten_with_path(tree),
+      place=at("flatten_with_path", in_tree),
+      ctx={"tree": tree},
+  )
+  both(
+      "flatten_one_level",
+      lambda side: side.regs[flavour].flatten_one_level(tree),
+      place=at("flatten_one_level", in_tree),
+      ctx={"tree": tree},
+  )
+  if s.ok:
+    pool = leaf_pool(s.value[1].num_leaves)
+    ctx = {"tree": tree, "other": other, "pool": pool}
+    both(
+        "unflatten",
+        lambda side: treedef_of(side, flavour, tree).unflatten(pool),
+        place=at("unflatten", in_tree),
+        ctx=ctx,
+    )
+    both(
+        "flatten_up_to(other dict)",
+        lambda side: treedef_of(side, flavour, tree).flatten_up_to(other),
+        place=at("flatten_up_to(other dict)", in_tree or in_other),
+        ctx=ctx,
+    )
+    both(
+        "== other dict",
+        lambda side: treedef_of(side, flavour, tree)
+        == treedef_of(side, flavour, other),
+        place=at("== other dict", in_tree or in_other),
+        ctx=ctx,
+    )
+    both(
+        "serialize_using_proto",
+        lambda side: treedef_of(side, flavour, tree).serialize_using_proto(),
+    )
