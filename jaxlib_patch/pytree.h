@@ -226,14 +226,15 @@ class PyTreeDef {
                   nb::iterable leaves) const;
   nb::object FromIterableTree(nb::handle tree) const;
 
-  // --- treedef_ops.cc
-  Py_ssize_t num_leaves() const;
-  Py_ssize_t num_nodes() const { return traversal_.size(); }
+  // --- treedef_equality.cc
   bool Equals(const PyTreeDef& other) const;
   size_t Hash() const;
+
+  // --- treedef_repr.cc
   nb::str ToString() const;
+
+  // --- treedef_build.cc
   std::vector<nb::object> Children() const;
-  nb::object NodeData() const;
   nb::object Compose(const PyTreeDef& inner) const;
   static nb::object FromNodeDataAndChildren(
       nb::handle_t<PyTreeRegistry> registry_ref,
@@ -242,6 +243,11 @@ class PyTreeDef {
   // Takes a list, as stock does, whatever its signature says.
   static nb::object Tuple(nb::handle_t<PyTreeRegistry> registry_ref,
                           nb::list treedefs);
+
+  // --- treedef_ops.cc
+  Py_ssize_t num_leaves() const;
+  Py_ssize_t num_nodes() const { return traversal_.size(); }
+  nb::object NodeData() const;
   // Sharing facts, read off the references (see docs/api.md).
   // Some node is the target of a reference inside this treedef.
   bool HasSharedNodes() const;
@@ -254,6 +260,7 @@ class PyTreeDef {
   // treedef's first node; an external target's index is negative.
   nb::dict SharedReferences() const;
 
+  // --- treedef_paths.cc
   // A walk's way down from the root: for each node it passed (a traversal
   // index, never a reference's), which of the node's children it took.
   using Steps = std::vector<std::pair<Py_ssize_t, size_t>>;
