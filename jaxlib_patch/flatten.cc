@@ -192,7 +192,7 @@ class Flattener {
       return;
     }
     RecursionGuard guard(" in flatten", stack_limit_);
-    const bool preserves_identity = PreservesIdentity(node.custom);
+    const bool preserves_identity = KeepsIdentity(node.custom);
     if (preserves_identity && AddReferenceIfSeen(obj)) return;
 
     const Py_ssize_t start_nodes = traversal_.size();

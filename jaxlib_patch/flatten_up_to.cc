@@ -32,8 +32,7 @@ class SharingChecker {
     // not match): sized once, the map never rehashes as it fills.
     size_t first_occurrences = 0;
     for (const Node& node : treedef.traversal()) {
-      first_occurrences +=
-          PreservesIdentity(node.custom) && !node.is_reference();
+      first_occurrences += KeepsIdentity(node.custom) && !node.is_reference();
     }
     owner_.reserve(first_occurrences);
   }
@@ -128,7 +127,7 @@ nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
     JAXLIB_PATCH_EXPECT(!agenda.empty(), "Agenda underflow in flatten_up_to");
     nb::object object = std::move(agenda.back());
     agenda.pop_back();
-    if (PreservesIdentity(node.custom)) {
+    if (KeepsIdentity(node.custom)) {
       if (!sharing) sharing.emplace(*this, tree);
       sharing->Check(object, i);
       if (node.is_reference()) continue;

@@ -167,7 +167,7 @@ NB_MODULE(pytree, m) {
                   "typing.Sequence[str], meta_fields: Sequence[str], /, *, "
                   "preserve_relative_identities: bool = False) -> Any"))
       .def("preserve_relative_identities",
-           &PyTreeRegistry::PreserveRelativeIdentities, nb::arg("type").none(),
+           &PyTreeRegistry::OptInRelativeIdentities, nb::arg("type").none(),
            "Opts `type` and every subclass of it, registered before or after "
            "this call, in to relative identities. `type` need not be "
            "registered itself; builtin node types (None, tuple, list, dict) "
@@ -175,7 +175,7 @@ NB_MODULE(pytree, m) {
            nb::sig("def preserve_relative_identities(self, type: type, /) "
                    "-> None"))
       .def("preserves_relative_identities",
-           &PyTreeRegistry::PreservesRelativeIdentities, nb::arg("type").none(),
+           &PyTreeRegistry::HasRelativeIdentities, nb::arg("type").none(),
            "Whether nodes of `type` keep relative identities: it is "
            "registered with preserve_relative_identities=True, or it or a "
            "base class was given to preserve_relative_identities().",

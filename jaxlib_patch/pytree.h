@@ -81,7 +81,7 @@ class PyTreeRegistry {
     // kDataclass only.
     std::vector<nb::str> data_fields;
     std::vector<nb::str> meta_fields;
-    // Set at registration, or later by PreserveRelativeIdentities (never
+    // Set at registration, or later by OptInRelativeIdentities (never
     // cleared): atomic because flattens read it without the registry's lock.
     std::atomic<bool> preserve_relative_identities{false};
   };
@@ -111,17 +111,17 @@ class PyTreeRegistry {
 
   // Opts `type` and every subclass of it, registered now or later, in to
   // relative identities. `type` itself need not be registered.
-  void PreserveRelativeIdentities(nb::handle type);
+  void OptInRelativeIdentities(nb::handle type);
   // Whether nodes of `type` keep relative identities: it is registered with
-  // them, or it or a base class was opted in by PreserveRelativeIdentities.
-  bool PreservesRelativeIdentities(nb::handle type) const;
+  // them, or it or a base class was opted in by OptInRelativeIdentities.
+  bool HasRelativeIdentities(nb::handle type) const;
 
   int Traverse(visitproc visit, void* arg) const;
 
  private:
   void Insert(std::unique_ptr<Registration> registration);
   // Whether `type` derives from (or is) a class given to
-  // PreserveRelativeIdentities. Needs `mutex_` held.
+  // OptInRelativeIdentities. Needs `mutex_` held.
   bool InheritsOptInLocked(PyTypeObject* type) const;
 
   bool enable_none_, enable_tuple_, enable_list_, enable_dict_;
@@ -129,12 +129,14 @@ class PyTreeRegistry {
   // for the registry's lifetime (treedefs keep their registry alive).
   std::unordered_map<PyTypeObject*, std::unique_ptr<Registration>, PointerHash>
       registrations_;
-  // The classes given to PreserveRelativeIdentities, in call order.
+  // The classes given to OptInRelativeIdentities, in call order.
   std::vector<nb::object> opted_in_bases_;
   mutable nb::ft_mutex mutex_;
 };
 
-inline bool PreservesIdentity(const PyTreeRegistry::Registration* custom) {
+// Whether nodes of this registration (nullptr for built-in kinds and leaves)
+// keep their relative identities.
+inline bool KeepsIdentity(const PyTreeRegistry::Registration* custom) {
   return custom != nullptr &&
          custom->preserve_relative_identities.load(std::memory_order_relaxed);
 }

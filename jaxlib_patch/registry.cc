@@ -34,7 +34,7 @@ void PyTreeRegistry::Insert(std::unique_ptr<Registration> registration) {
   bool inserted;
   {
     nb::ft_lock_guard lock(mutex_);
-    // Checked under the lock that PreserveRelativeIdentities takes, so a
+    // Checked under the lock that OptInRelativeIdentities takes, so a
     // subclass registered while its base is being opted in misses neither.
     if ((registration->kind == PyTreeKind::kCustom ||
          registration->kind == PyTreeKind::kDataclass) &&
@@ -140,7 +140,7 @@ static PyTypeObject* CheckType(nb::handle type, const char* what) {
   return reinterpret_cast<PyTypeObject*>(type.ptr());
 }
 
-void PyTreeRegistry::PreserveRelativeIdentities(nb::handle type) {
+void PyTreeRegistry::OptInRelativeIdentities(nb::handle type) {
   PyTypeObject* cls = CheckType(type, "preserve_relative_identities");
   const Registration* custom = nullptr;
   if (IsBuiltinNodeType(type) ||
@@ -175,11 +175,11 @@ void PyTreeRegistry::PreserveRelativeIdentities(nb::handle type) {
   }
 }
 
-bool PyTreeRegistry::PreservesRelativeIdentities(nb::handle type) const {
+bool PyTreeRegistry::HasRelativeIdentities(nb::handle type) const {
   PyTypeObject* cls = CheckType(type, "preserves_relative_identities");
   const Registration* custom = nullptr;
   const PyTreeKind kind = KindOfType(cls, &custom);
-  if (custom != nullptr) return PreservesIdentity(custom);
+  if (custom != nullptr) return KeepsIdentity(custom);
   // A builtin node (None, tuple, list, dict, a namedtuple) never is; an
   // unregistered class is once registered if it inherits an opt-in.
   if (kind != PyTreeKind::kLeaf) return false;

@@ -55,8 +55,7 @@ Py_ssize_t Resolve(const PyTreeDef& treedef, Py_ssize_t index) {
 // Whether the nodes at one place of two treedefs are the same node, their
 // sharing aside (what Equals compares per position, but for the distance).
 bool SameNode(const Node& a, const Node& b) {
-  return PreservesIdentity(a.custom) == PreservesIdentity(b.custom) &&
-         NodesEqual(a, b);
+  return KeepsIdentity(a.custom) == KeepsIdentity(b.custom) && NodesEqual(a, b);
 }
 
 [[noreturn]] void ThrowStructureMismatch(const WalkPath& path) {
@@ -165,7 +164,7 @@ class CommonSharingWalk {
     const Py_ssize_t a = Resolve(a_, at_a), b = Resolve(b_, at_b);
     const Node& node = a_.traversal()[a];
     if (!SameNode(node, b_.traversal()[b])) ThrowStructureMismatch(path_);
-    const bool shareable = PreservesIdentity(node.custom);
+    const bool shareable = KeepsIdentity(node.custom);
     if (shareable) {
       auto written = written_.find({a, b});
       if (written != written_.end()) {
@@ -241,7 +240,7 @@ class SharingDifferenceWalk {
                              ", not only in their sharing of nodes.")
                                 .c_str());
     }
-    if (PreservesIdentity(node.custom)) {
+    if (KeepsIdentity(node.custom)) {
       const Steps* seen_a = first_a_[a] ? &*first_a_[a] : nullptr;
       const Steps* seen_b = first_b_[b] ? &*first_b_[b] : nullptr;
       if (!SamePlace(seen_a, seen_b)) {

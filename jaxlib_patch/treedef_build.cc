@@ -156,7 +156,7 @@ nb::object PyTreeDef::FromNodeDataAndChildren(
           ("Could not find type: " + Repr(type) + ".").c_str());
     }
     if (nb::isinstance<SharedReference>(data)) {
-      if (!PreservesIdentity(node.custom)) {
+      if (!KeepsIdentity(node.custom)) {
         throw nb::value_error(("Cannot make a shared reference to " +
                                Repr(type) +
                                ": it is not registered with "

@@ -51,7 +51,7 @@ bool PyTreeDef::Equals(const PyTreeDef& other) const {
     // Treedefs of one type that keeps identities and of one that does not
     // stand for different things even where nothing is shared.
     if (a.shared_distance != b.shared_distance ||
-        PreservesIdentity(a.custom) != PreservesIdentity(b.custom) ||
+        KeepsIdentity(a.custom) != KeepsIdentity(b.custom) ||
         !NodesEqual(a, b)) {
       return false;
     }

@@ -16,7 +16,7 @@ void PyTreeDef::ValidateReference(size_t i) const {
       (node.kind != PyTreeKind::kCustom &&
        node.kind != PyTreeKind::kDataclass) ||
       node.custom == nullptr || node.custom->kind != node.kind ||
-      !PreservesIdentity(node.custom)) {
+      !KeepsIdentity(node.custom)) {
     throw nb::value_error(
         "Malformed PyTreeDef: a shared reference must be a childless node of "
         "a type registered with preserve_relative_identities=True, at a "

@@ -114,7 +114,7 @@ nb::object BuildBottomUp(const std::vector<Node>& traversal, LeafFn&& leaf,
     nb::object built =
         node_fn(node, agenda.data() + agenda.size() - node.arity);
     agenda.resize(agenda.size() - node.arity);
-    if (PreservesIdentity(node.custom)) {
+    if (KeepsIdentity(node.custom)) {
       if (shared.empty()) shared.resize(traversal.size());
       shared[i] = built;
     }
