@@ -1,4 +1,4 @@
-"""Instructions per call of the plain-tree grid, stock jaxlib against ours.
+"""Instructions per call of bench_pytree.py's trees, stock jaxlib against ours.
 
 Usage::
 
@@ -7,10 +7,10 @@ Usage::
 
 Timings on a loaded machine swing by several times between neighbouring
 cells; instruction counts do not. This runs the workloads of
-`bench_pytree.py --grid` (the same trees, registries and operations) under
-valgrind's callgrind, in one process per run, and reports for each cell the
-instructions one call executes in stock's module and in ours, and their
-ratio; then the grid's targets as `bench_pytree.py` states them (every plain
+`bench_pytree.py --grid` and its four trees (a) to (d), ours and opted in
+(the same trees, registries and operations), under valgrind's callgrind in
+one process, and reports for each cell the instructions one call executes
+in stock's module and in ours, and their ratio; then the grid's targets as `bench_pytree.py` states them (every plain
 cell at most 1.0x, geometric mean at most 0.6x, the opted-in model without
 sharing at most 1.0x) for the cells counted.
 
@@ -83,15 +83,31 @@ def run_inside_qsort(fn, calls):
   libc.qsort(items, 2, ctypes.sizeof(ctypes.c_int), callback)
 
 
-def child(plan_path):
+def matching_cells(pattern):
+  """(workload, op, library) -> callable for the workloads matching
+  `pattern`: the grid's (stock, ours, and the opted-in model) and the four
+  trees of bench_pytree.py (stock, ours, opt-in)."""
   sys.path.insert(0, HERE)
   import bench_pytree
 
-  with open(plan_path) as f:
-    plan = json.load(f)
-  wanted = {workload for workload, _, _, _ in plan}
   grid = bench_pytree.make_grid()
-  cells = bench_pytree.grid_cells({w: grid[w] for w in wanted if w in grid})
+  cells = bench_pytree.grid_cells(
+      {w: tree for w, tree in grid.items() if pattern.search(w)}
+  )
+  libraries = bench_pytree.make_libraries()
+  for case, tree in bench_pytree.make_cases().items():
+    if not pattern.search(case):
+      continue
+    for library in ("stock", "ours", "opt-in"):
+      for op, fn in libraries[library].calls(tree).items():
+        cells[case, op, library] = fn
+  return {key: fn for key, fn in cells.items() if pattern.search(key[0])}
+
+
+def child(plan_path):
+  with open(plan_path) as f:
+    pattern, plan = json.load(f)
+  cells = matching_cells(re.compile(pattern))
   for workload, op, library, calls in plan:
     fn = cells[workload, op, library]
     run_inside_qsort(fn, 1)
@@ -104,18 +120,11 @@ def child(plan_path):
 
 
 def plan_cells(args):
-  sys.path.insert(0, HERE)
-  import bench_pytree
-
-  pattern = re.compile(args.match)
-  grid = bench_pytree.make_grid()
-  cells = bench_pytree.grid_cells(
-      {w: tree for w, tree in grid.items() if pattern.search(w)}
-  )
+  cells = matching_cells(re.compile(args.match))
   ops = args.ops.split(",")
   plan = []
   for workload, op, library in cells:
-    if op not in ops or not pattern.search(workload):
+    if op not in ops:
       continue
     leaves = len(cells[workload, "flatten", "stock"]()[0])
     plan.append((workload, op, library, max(3, args.leaves // max(1, leaves))))
@@ -143,12 +152,12 @@ def dump_totals(directory):
   return totals
 
 
-def count(plan):
+def count(pattern, plan):
   """Instructions per call of each planned cell."""
   with tempfile.TemporaryDirectory() as directory:
     plan_path = os.path.join(directory, "plan.json")
     with open(plan_path, "w") as f:
-      json.dump(plan, f)
+      json.dump([pattern, plan], f)
     subprocess.run(
         [
             "valgrind",
@@ -183,7 +192,8 @@ def report(per_call):
       continue
     stock = per_call[workload, op, "stock"]
     ratio = value / stock
-    (opted if library == "opt-in" else plain).append(ratio)
+    if not workload.startswith("("):  # The four trees have their own targets.
+      (opted if library == "opt-in" else plain).append(ratio)
     rows.append((workload, op, library, stock, value, ratio))
   lines = [
       "| workload | op | stock instructions | ours | ours/stock |",
@@ -197,7 +207,9 @@ def report(per_call):
   over = [
       r
       for r in rows
-      if r[5] > 1.0 and not (r[2] == "opt-in" and r[1] == "hash_eq")
+      if r[5] > 1.0
+      and not r[0].startswith("(")
+      and not (r[2] == "opt-in" and r[1] == "hash_eq")
   ]
   summary = []
   if plain:
@@ -226,7 +238,7 @@ def main(argv=None):
   if not plan:
     print("no workload matches", file=sys.stderr)
     return 2
-  per_call = count(plan)
+  per_call = count(args.match, plan)
   table, summary, rows = report(per_call)
   import jaxlib_patch.pytree
 
