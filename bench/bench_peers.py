@@ -17,9 +17,8 @@ Models (all small, so that a step's time is mostly its per-call overhead):
 - pairs: 50 distinct elementwise affine layers (``tanh(weight * x + bias)``,
   ``float32[4]`` each) as encoders and the same 50 objects again as decoders
   in reverse order (tied weights), the output the sum of the 50
-  ``decoder(encoder(x))``: 100 parameter arrays, 200 references, and a step
-  that XLA fuses into a few kernels; the dispatch-bound model, for both
-  libraries.
+  ``decoder(encoder(x))``: 100 parameter arrays and 200 references on
+  ``float32[8, 4]`` data; the dispatch-bound model, for both libraries.
 
 Patterns. NNX, stock: ``split`` (``nnx.split`` once, then a ``jax.jit`` step
 that takes ``(graphdef, state)``, ``nnx.merge``s inside and returns the new
