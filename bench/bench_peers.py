@@ -1,27 +1,47 @@
-"""Equinox and Flax NNX with the relative-identity opt-in against their own
-ways to share on stock JAX.
+"""Users' steps with Equinox and Flax NNX: the relative-identity opt-in against
+each library's own ways to share on stock JAX.
 
 Usage::
 
     python bench/bench_peers.py [--stock-python PY] [--patched-python PY]
-        [--runs N] [--calls N] [--json out.json]
+        [--runs N] [--calls N] [--batches N] [--json out.json]
 
 Patched and stock JAX cannot be imported in one process, so the parent runs
 this script as children, alternately under the stock interpreter and under
 the patched one (stock, patched, patched, stock, ...), ``--runs`` times each.
 
-Cells (cache-hit calls of an already compiled function, per call):
+Models (all small, so that a step's time is mostly its per-call overhead):
 
-- equinox step: one optax.adamw training step of the tied transformer LM of
-  tests/jax/equinox_tied_lm.py. Patched: ``TiedLM`` (one ``eqx.nn.Embedding``
-  object in two places, ``eqx.Module`` opted in) under ``eqx.filter_jit``.
-  Stock: ``SharedLM`` (tied with ``eqx.nn.Shared``) under ``eqx.filter_jit``.
-- nnx 100 layers: the forward call of an NNX model whose 100 layers are one
-  ``nnx.Linear``. Patched: plain ``jax.jit`` (``nnx.Pytree`` and
-  ``nnx.Variable`` opted in). Stock: ``nnx.jit`` (graph mode).
+- deep: one ``nnx.Linear(8, 8)`` object used as 100 layers (NNX only).
+- lm: the tied transformer LM of tests/jax/equinox_tied_lm.py (Equinox only).
+- pairs: 50 distinct elementwise affine layers (``tanh(weight * x + bias)``,
+  ``float32[4]`` each) as encoders and the same 50 objects again as decoders
+  in reverse order (tied weights), the output the sum of the 50
+  ``decoder(encoder(x))``: 100 parameter arrays and 200 references on
+  ``float32[8, 4]`` data; the dispatch-bound model, for both libraries.
+
+Patterns. NNX, stock: ``split`` (``nnx.split`` once, then a ``jax.jit`` step
+that takes ``(graphdef, state)``, ``nnx.merge``s inside and returns the new
+state: Flax's functional pattern for speed) and ``nnx.jit`` (the step on the
+module, updated in place). NNX, patched: ``jax.jit`` (plain ``jax.jit`` on
+the module and optimizer, ``nnx.Pytree`` and ``nnx.Variable`` opted in,
+returning them, as docs/guide.md shows), and the two stock patterns on the
+patched wheels for information. Equinox: ``eqx.filter_jit`` on ``Shared``
+(tied with ``eqx.nn.Shared``; stock, and on the patched wheels for
+information) and on ``opt-in`` (the same object in both places, ``eqx.Module``
+opted in; patched only).
+
+Cells (cache-hit calls of an already compiled function, per call): the
+training step (an ``optax.adamw`` update, the returned state fed to the next
+call, as a training loop does) of each model, and the forward call of deep.
+Within a child the cells take turns batch by batch, so that load drifts over
+all of them alike.
 
 A cell's time is the median per-call time over its batches; a ratio is the
-median over the run pairs (run k of each side) of patched / stock.
+median over the run pairs (run k of each side) of patched / stock. The
+targets: an NNX step opted in at most 1.0x the fastest stock pattern of the
+same run; an Equinox step opted in at most 0.8x ``eqx.nn.Shared``; the deep
+forward opted in at most 0.1x ``nnx.jit``.
 """
 
 import argparse
@@ -34,44 +54,24 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-NNX_LAYERS = 100
+DEEP_LAYERS = 100
+PAIRS = 50
+LEARNING_RATE = 1e-3
+
+# cell -> (patched pattern, the stock patterns it is held against, bound)
+TARGETS = {
+    "nnx deep step": ("jax.jit", ("split", "nnx.jit"), 1.0),
+    "nnx pairs step": ("jax.jit", ("split", "nnx.jit"), 1.0),
+    "nnx deep forward": ("jax.jit", ("nnx.jit",), 0.1),
+    "eqx lm step": ("opt-in", ("Shared",), 0.8),
+    "eqx pairs step": ("opt-in", ("Shared",), 0.8),
+}
 
 
-def _per_call_seconds(call, calls, batches):
-  """Median over `batches` of the time of `calls` calls, per call."""
-  import jax
-
-  call()  # compile
-  times = []
-  for _ in range(batches):
-    start = time.perf_counter()
-    for _ in range(calls):
-      out = call()
-    jax.block_until_ready(out)
-    times.append((time.perf_counter() - start) / calls)
-  return statistics.median(times)
-
-
-def _equinox_step(side):
-  import equinox as eqx
-  import jax
-
-  if side == "patched":
-    jax.tree_util.preserve_relative_identities(eqx.Module)
-  sys.path.insert(0, str(ROOT / "tests" / "jax"))
-  import equinox_tied_lm as lm
-
-  model_class = lm.TiedLM if side == "patched" else lm.SharedLM
-  model = model_class(jax.random.key(0))
-  opt_state = lm.optimizer.init(eqx.filter(model, eqx.is_array))
-  inputs, targets = lm.batch()
-  step = eqx.filter_jit(lm.step)
-  return lambda: step(model, opt_state, inputs, targets)
-
-
-def _nnx_forward(side):
+def _nnx_cells(side):
   import jax
   import jax.numpy as jnp
+  import optax
   from flax import nnx
 
   if side == "patched":
@@ -82,33 +82,235 @@ def _nnx_forward(side):
 
     def __init__(self, rngs):
       layer = nnx.Linear(8, 8, rngs=rngs)
-      for index in range(NNX_LAYERS):
+      for index in range(DEEP_LAYERS):
         setattr(self, f"layer{index:03d}", layer)
 
     def __call__(self, x):
-      for index in range(NNX_LAYERS):
-        x = getattr(self, f"layer{index:03d}")(x)
+      for index in range(DEEP_LAYERS):
+        x = jnp.tanh(getattr(self, f"layer{index:03d}")(x))
       return x
 
-  model = Deep(nnx.Rngs(0))
-  x = jnp.ones((2, 8))
-  forward = (jax.jit if side == "patched" else nnx.jit)(
-      lambda model, x: model(x)
-  )
-  return lambda: forward(model, x)
+  class Affine(nnx.Module):
+
+    def __init__(self, rngs):
+      self.weight = nnx.Param(1 + 0.1 * rngs.params.normal((4,)))
+      self.bias = nnx.Param(jnp.zeros(4))
+
+    def __call__(self, x):
+      return jnp.tanh(self.weight * x + self.bias)
+
+  class Pairs(nnx.Module):
+
+    def __init__(self, rngs):
+      encoders = [Affine(rngs) for _ in range(PAIRS)]
+      self.encoders = nnx.List(encoders)
+      self.decoders = nnx.List(reversed(encoders))
+
+    def __call__(self, x):
+      return sum(
+          decoder(encoder(x))
+          for encoder, decoder in zip(self.encoders, self.decoders)
+      )
+
+  def loss(model, x, y):
+    return jnp.mean((model(x) - y) ** 2)
+
+  def update(model, optimizer, x, y):
+    value, grads = nnx.value_and_grad(loss)(model, x, y)
+    optimizer.update(model, grads)
+    return value
+
+  def new_optimizer(model):
+    return nnx.Optimizer(model, optax.adamw(LEARNING_RATE), wrt=nnx.Param)
+
+  def opted_in_step(model_class, x, y):
+    @jax.jit
+    def step(model, optimizer, x, y):
+      return update(model, optimizer, x, y), model, optimizer
+
+    model = model_class(nnx.Rngs(0))
+    loop = {"model": model, "optimizer": new_optimizer(model)}
+
+    def call():
+      value, loop["model"], loop["optimizer"] = step(
+          loop["model"], loop["optimizer"], x, y
+      )
+      return value
+
+    return call
+
+  def split_step(model_class, x, y):
+    @jax.jit
+    def step(graphdef, state, x, y):
+      model, optimizer = nnx.merge(graphdef, state)
+      return update(model, optimizer, x, y), nnx.state((model, optimizer))
+
+    model = model_class(nnx.Rngs(0))
+    graphdef, state = nnx.split((model, new_optimizer(model)))
+    loop = {"state": state}
+
+    def call():
+      value, loop["state"] = step(graphdef, loop["state"], x, y)
+      return value
+
+    return call
+
+  def nnx_jit_step(model_class, x, y):
+    step = nnx.jit(update)
+    model = model_class(nnx.Rngs(0))
+    optimizer = new_optimizer(model)
+    return lambda: step(model, optimizer, x, y)
+
+  def forward(pattern, x):
+    model = Deep(nnx.Rngs(0))
+    if pattern == "split":
+      graphdef, state = nnx.split(model)
+      call = jax.jit(lambda graphdef, state, x: nnx.merge(graphdef, state)(x))
+      return lambda: call(graphdef, state, x)
+    call = {"jax.jit": jax.jit, "nnx.jit": nnx.jit}[pattern](
+        lambda model, x: model(x)
+    )
+    return lambda: call(model, x)
+
+  steps = {"split": split_step, "nnx.jit": nnx_jit_step}
+  if side == "patched":
+    steps["jax.jit"] = opted_in_step
+  inputs = {
+      "deep": (Deep, jnp.ones((2, 8)), jnp.zeros((2, 8))),
+      "pairs": (Pairs, jnp.ones((8, 4)), jnp.zeros((8, 4))),
+  }
+  cells = {}
+  for model_name, (model_class, x, y) in inputs.items():
+    for pattern, make in steps.items():
+      cells[f"nnx {model_name} step", pattern] = make(model_class, x, y)
+  for pattern in steps:
+    cells["nnx deep forward", pattern] = forward(pattern, inputs["deep"][1])
+  return cells
+
+
+def _equinox_cells(side):
+  import equinox as eqx
+  import jax
+  import jax.numpy as jnp
+
+  if side == "patched":
+    jax.tree_util.preserve_relative_identities(eqx.Module)
+  sys.path.insert(0, str(ROOT / "tests" / "jax"))
+  import equinox_tied_lm as lm
+
+  class Affine(eqx.Module):
+    weight: jax.Array
+    bias: jax.Array
+
+    def __call__(self, x):
+      return jnp.tanh(self.weight * x + self.bias)
+
+  def encoders(key):
+    return tuple(
+        Affine(1 + 0.1 * jax.random.normal(k, (4,)), jnp.zeros(4))
+        for k in jax.random.split(key, PAIRS)
+    )
+
+  def run_pairs(encoders, decoders, x):
+    return sum(
+        decoder(encoder(x)) for encoder, decoder in zip(encoders, decoders)
+    )
+
+  class TiedPairs(eqx.Module):
+    encoders: tuple
+    decoders: tuple
+
+    def __init__(self, key):
+      self.encoders = encoders(key)
+      self.decoders = self.encoders[::-1]
+
+    def __call__(self, x):
+      return run_pairs(self.encoders, self.decoders, x)
+
+  def pair_arrays(layers):
+    return [array for layer in layers for array in (layer.weight, layer.bias)]
+
+  class SharedPairs(eqx.Module):
+    layers: eqx.nn.Shared
+
+    def __init__(self, key):
+      tied = encoders(key)
+      copies = tuple(jax.tree.map(lambda a: a, layer) for layer in tied[::-1])
+      self.layers = eqx.nn.Shared(
+          (tied, copies),
+          where=lambda pair: pair_arrays(pair[1]),
+          get=lambda pair: pair_arrays(pair[0][::-1]),
+      )
+
+    def __call__(self, x):
+      tied, copies = self.layers()
+      return run_pairs(tied, copies, x)
+
+  def pairs_step(model, opt_state, x, y):
+    def loss(model):
+      return jnp.mean((jax.vmap(model)(x) - y) ** 2)
+
+    value, grads = eqx.filter_value_and_grad(loss)(model)
+    updates, opt_state = lm.optimizer.update(
+        grads, opt_state, eqx.filter(model, eqx.is_array)
+    )
+    return value, eqx.apply_updates(model, updates), opt_state
+
+  def training_loop(model, step, x, y):
+    step = eqx.filter_jit(step)
+    loop = {
+        "model": model,
+        "opt_state": lm.optimizer.init(eqx.filter(model, eqx.is_array)),
+    }
+
+    def call():
+      value, loop["model"], loop["opt_state"] = step(
+          loop["model"], loop["opt_state"], x, y
+      )
+      return value
+
+    return call
+
+  models = {"Shared": (lm.SharedLM, SharedPairs)}
+  if side == "patched":
+    models["opt-in"] = (lm.TiedLM, TiedPairs)
+  key = jax.random.key(0)
+  pairs_batch = (jnp.ones((8, 4)), jnp.zeros((8, 4)))
+  cells = {}
+  for pattern, (lm_class, pairs_class) in models.items():
+    cells["eqx lm step", pattern] = training_loop(
+        lm_class(key), lm.step, *lm.batch()
+    )
+    cells["eqx pairs step", pattern] = training_loop(
+        pairs_class(key), pairs_step, *pairs_batch
+    )
+  return cells
+
+
+def _time_cells(cells, calls, batches):
+  """Median per-call seconds of each cell, the cells taking turns batch by
+  batch."""
+  import jax
+
+  for call in cells.values():
+    jax.block_until_ready(call())  # compile
+  times = {name: [] for name in cells}
+  for _ in range(batches):
+    for name, call in cells.items():
+      start = time.perf_counter()
+      for _ in range(calls):
+        out = call()
+      jax.block_until_ready(out)
+      times[name].append((time.perf_counter() - start) / calls)
+  return {name: statistics.median(batch) for name, batch in times.items()}
 
 
 def child_main(args):
-  cells = {
-      "equinox step": _equinox_step(args.child),
-      "nnx 100 layers": _nnx_forward(args.child),
-  }
+  cells = {**_nnx_cells(args.child), **_equinox_cells(args.child)}
+  seconds = _time_cells(cells, args.calls, args.batches)
   print(
       json.dumps(
-          {
-              name: _per_call_seconds(call, args.calls, args.batches)
-              for name, call in cells.items()
-          }
+          [[cell, pattern, value] for (cell, pattern), value in seconds.items()]
       )
   )
 
@@ -129,9 +331,35 @@ def _run_child(python, side, args):
       capture_output=True,
       text=True,
       cwd="/",
-      check=True,
   )
-  return json.loads(done.stdout.splitlines()[-1])
+  if done.returncode:
+    sys.exit(f"{side} child ({python}) failed:\n{done.stderr}")
+  result = {}
+  for cell, pattern, value in json.loads(done.stdout.splitlines()[-1]):
+    result.setdefault(cell, {})[pattern] = value
+  return result
+
+
+def _row(label, stock_runs, patched_runs, bound=None):
+  """One line of the report: medians, the ratio over run pairs and, with a
+  `bound`, the verdict."""
+  ratios = [p / s for s, p in zip(stock_runs, patched_runs)]
+  ratio = statistics.median(ratios)
+  row = {
+      "stock_s": statistics.median(stock_runs),
+      "patched_s": statistics.median(patched_runs),
+      "ratio": ratio,
+      "ratios": ratios,
+  }
+  verdict = ""
+  if bound is not None:
+    row.update(target=bound, met=ratio <= bound)
+    verdict = f"<= {bound}: {'met' if ratio <= bound else 'NOT met'}"
+  print(
+      f"{label:44} {row['stock_s'] * 1e6:9.1f} {row['patched_s'] * 1e6:11.1f} "
+      f"{ratio:7.3f} {min(ratios):6.3f}-{max(ratios):.3f}  {verdict}"
+  )
+  return row
 
 
 def parent_main(args):
@@ -141,30 +369,35 @@ def parent_main(args):
     for side in order:
       python = args.stock_python if side == "stock" else args.patched_python
       runs[side].append(_run_child(python, side, args))
-  targets = {"equinox step": ("<=", 0.7), "nnx 100 layers": ("<=", 0.1)}
+      print(f"  run {k + 1}: {side}", file=sys.stderr, flush=True)
+
+  def per_run(side, cell, pattern):
+    return [run[cell][pattern] for run in runs[side]]
+
   report = {}
   print(
-      f"{'cell':16} {'stock us':>9} {'patched us':>11} {'ratio':>7} "
-      f"{'range':>13}  target"
+      f"{'cell: patched pattern / stock pattern':44} {'stock us':>9} "
+      f"{'patched us':>11} {'ratio':>7} {'range':>13}  target"
   )
-  for name, (_, bound) in targets.items():
-    stock = statistics.median(run[name] for run in runs["stock"])
-    patched = statistics.median(run[name] for run in runs["patched"])
-    ratios = [p[name] / s[name] for s, p in zip(runs["stock"], runs["patched"])]
-    ratio = statistics.median(ratios)
-    met = "met" if ratio <= bound else "NOT met"
-    print(
-        f"{name:16} {stock * 1e6:9.1f} {patched * 1e6:11.1f} {ratio:7.3f} "
-        f"{min(ratios):6.3f}-{max(ratios):.3f}  <= {bound}: {met}"
+  for cell, (opted_in, stock_patterns, bound) in TARGETS.items():
+    fastest_stock = [
+        min(run[cell][pattern] for pattern in stock_patterns)
+        for run in runs["stock"]
+    ]
+    against = " | ".join(stock_patterns)
+    fastest = "fastest of " if len(stock_patterns) > 1 else ""
+    report[cell] = _row(
+        f"{cell}: {opted_in} / {fastest}{against}",
+        fastest_stock,
+        per_run("patched", cell, opted_in),
+        bound,
     )
-    report[name] = {
-        "stock_s": stock,
-        "patched_s": patched,
-        "ratio": ratio,
-        "ratios": ratios,
-        "target": bound,
-        "met": ratio <= bound,
-    }
+    for pattern in stock_patterns:
+      report[f"{cell}, {pattern} on both"] = _row(
+          f"  {pattern} on both sides",
+          per_run("stock", cell, pattern),
+          per_run("patched", cell, pattern),
+      )
   if args.json:
     pathlib.Path(args.json).write_text(json.dumps(report, indent=1))
 
@@ -181,8 +414,8 @@ def main():
       "--patched-python", default=str(ROOT / ".venv-jax/bin/python")
   )
   parser.add_argument("--runs", type=int, default=3)
-  parser.add_argument("--calls", type=int, default=50)
-  parser.add_argument("--batches", type=int, default=20)
+  parser.add_argument("--calls", type=int, default=20)
+  parser.add_argument("--batches", type=int, default=10)
   parser.add_argument("--json")
   parser.add_argument(
       "--child", choices=("stock", "patched"), help=argparse.SUPPRESS

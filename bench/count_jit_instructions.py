@@ -1,0 +1,145 @@
+"""Instructions per cached `jax.jit` call, stock jax against the patched wheels.
+
+Usage::
+
+    python bench/count_jit_instructions.py [--stock-python PY]
+        [--patched-python PY] [--calls N] [--json out.json]
+
+Cases, as bench_jit.py names them, each calling a function that returns the
+tree with 1 added to every leaf: hoisted (``f(x)`` on one ``float32[8]``, `f`
+made once), inline (``jax.jit(g)(x)`` on the same array, a new ``jax.jit``
+object at every call) and dict (``f(d)`` on a dict of 100 ``float32[8]``).
+
+Method (count_instructions.py's): each side runs in its own process under
+valgrind's callgrind, collecting only inside libc's ``qsort_r``, whose
+comparator makes the calls; per case one warm-up call, a run of no calls and
+a run of ``--calls`` calls; the per-call count is the difference of the last
+two over ``--calls``. The garbage collector is off, BLAS runs one thread and
+the hash seed is fixed, so that the counts repeat.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+from count_instructions import dump_totals, run_inside_qsort
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CASES = ("hoisted", "inline", "dict")
+
+
+def child_main(calls):
+  import gc
+
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  def add_one(tree):
+    return jax.tree.map(lambda leaf: leaf + 1, tree)
+
+  x = jnp.asarray(np.arange(8, dtype=np.float32))
+  d = {f"a{i:03d}": x + i for i in range(100)}
+  hoisted = jax.jit(add_one)
+  calls_of = {
+      "hoisted": lambda: hoisted(x),
+      "inline": lambda: jax.jit(add_one)(x),
+      "dict": lambda: hoisted(d),
+  }
+  for call in calls_of.values():
+    jax.block_until_ready(call())
+  gc.disable()
+  for case in CASES:
+    run_inside_qsort(calls_of[case], 1)
+    run_inside_qsort(calls_of[case], 0)
+    run_inside_qsort(calls_of[case], calls)
+    jax.block_until_ready(calls_of[case]())
+  # Interpreter shutdown sorts with qsort_r too, and its dumps would follow
+  # the cases'.
+  os._exit(0)
+
+
+def count(python, calls):
+  """Instructions per call of each case under `python`."""
+  with tempfile.TemporaryDirectory() as directory:
+    subprocess.run(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            f"--callgrind-out-file={directory}/out",
+            "--collect-atstart=no",
+            "--toggle-collect=qsort_r",
+            "--dump-after=qsort_r",
+            python,
+            os.path.abspath(__file__),
+            "--child",
+            str(calls),
+        ],
+        check=True,
+        cwd="/",
+        env=dict(
+            os.environ,
+            JAX_PLATFORMS="cpu",
+            OPENBLAS_NUM_THREADS="1",
+            PYTHONHASHSEED="0",
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    totals = dump_totals(directory)
+  # The last three dumps per case are the child's (imports may sort before).
+  ours = totals[len(totals) - 3 * len(CASES) :]
+  per_call = {
+      case: (ours[3 * i + 2] - ours[3 * i + 1]) / calls
+      for i, case in enumerate(CASES)
+  }
+  if min(per_call.values()) <= 0:
+    sys.exit(f"{python}: the dumps are not the cases' ({totals})")
+  return per_call
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument(
+      "--stock-python",
+      default=os.environ.get(
+          "JAXLIB_PATCH_STOCK_PYTHON", str(ROOT / ".venv-test/bin/python")
+      ),
+  )
+  parser.add_argument(
+      "--patched-python", default=str(ROOT / ".venv-jax/bin/python")
+  )
+  parser.add_argument("--calls", type=int, default=2000)
+  parser.add_argument("--json")
+  parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  if args.child is not None:
+    child_main(args.child)
+    return
+  stock = count(args.stock_python, args.calls)
+  patched = count(args.patched_python, args.calls)
+  print("| case | stock instructions per call | patched | patched/stock |")
+  print("|---|---|---|---|")
+  report = {}
+  for case in CASES:
+    ratio = patched[case] / stock[case]
+    report[case] = {
+        "stock": stock[case],
+        "patched": patched[case],
+        "ratio": ratio,
+        "met": ratio <= 1.0,
+    }
+    print(
+        f"| {case} | {stock[case]:,.0f} | {patched[case]:,.0f} | "
+        f"{ratio:.3f}x ({'met' if ratio <= 1.0 else 'NOT met'}: <= 1.0x) |"
+    )
+  if args.json:
+    pathlib.Path(args.json).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+  main()
