@@ -21,7 +21,7 @@ flatten should: pre-order, left to right, dict keys sorted, and an opted-in
 node already met is a reference (its subtree is not walked again).
 
 Stock compatibility (on trees without opted-in nodes) is tested in
-``stock_compat/``; here the stock module only serves as a reference for the
+``test_stock_compat/``; here the stock module only serves as a reference for the
 *format* of ``repr``.
 """
 

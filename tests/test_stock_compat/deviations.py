@@ -4,8 +4,8 @@ each place they affect instead of matching stock."""
 import dataclasses
 import re
 
-from stock_compat.describe import canon, norm_msg
-from stock_compat.strategies import OURS
+from test_stock_compat.describe import canon, norm_msg
+from test_stock_compat.strategies import OURS
 
 # ---------------------------------------------------------------------------
 # Deliberate differences from stock.

@@ -2,8 +2,8 @@
 
 import re
 
-from stock_compat import strategies as S
-from stock_compat.strategies import (
+from test_stock_compat import strategies as S
+from test_stock_compat.strategies import (
     DataNode,
     DataOnly,
     Empty,

@@ -3,12 +3,12 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stock_compat import strategies as S
-from stock_compat.strategies import KeyedNode, SentinelLeaf
-from stock_compat.describe import NAMEDTUPLES
-from stock_compat.deviations import sort_order_is_an_artifact
-from stock_compat.compare import PROPERTY, both, check_hash_consistency
-from stock_compat.inputs import (
+from test_stock_compat import strategies as S
+from test_stock_compat.strategies import KeyedNode, SentinelLeaf
+from test_stock_compat.describe import NAMEDTUPLES
+from test_stock_compat.deviations import sort_order_is_an_artifact
+from test_stock_compat.compare import PROPERTY, both, check_hash_consistency
+from test_stock_compat.inputs import (
     LEAF_ITERABLES,
     draw_leafwise_extension,
     draw_mutant,

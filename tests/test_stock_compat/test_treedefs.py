@@ -3,11 +3,11 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stock_compat import strategies as S
-from stock_compat.strategies import OURS, STOCK, SentinelLeaf
-from stock_compat.describe import safe
-from stock_compat.compare import PROPERTY, both, check_hash_consistency
-from stock_compat.inputs import (
+from test_stock_compat import strategies as S
+from test_stock_compat.strategies import OURS, STOCK, SentinelLeaf
+from test_stock_compat.describe import safe
+from test_stock_compat.compare import PROPERTY, both, check_hash_consistency
+from test_stock_compat.inputs import (
     draw_mutant,
     draw_same_structure,
     f_leaf,

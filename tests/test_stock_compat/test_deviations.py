@@ -4,14 +4,14 @@ import inspect
 import os
 import re
 
-from stock_compat import (
+from test_stock_compat import (
     test_flatten,
     test_registry,
     test_serialization,
     test_treedefs,
 )
-from stock_compat.deviations import DEVIATIONS, Instead
-from stock_compat.test_error_cases import ERROR_CASES
+from test_stock_compat.deviations import DEVIATIONS, Instead
+from test_stock_compat.test_error_cases import ERROR_CASES
 
 # The property tests by name: the places of the table that are not
 # hand-written cases name one of them.

@@ -4,9 +4,9 @@ import os
 
 from hypothesis import HealthCheck, settings
 
-from stock_compat.deviations import DEVIATION_AT
-from stock_compat.describe import canon, describe_exc
-from stock_compat.strategies import CALLS, OURS, STOCK
+from test_stock_compat.deviations import DEVIATION_AT
+from test_stock_compat.describe import canon, describe_exc
+from test_stock_compat.strategies import CALLS, OURS, STOCK
 
 EXAMPLES = int(os.environ.get("PYTREE_EXAMPLES", "300"))
 COMPARE_CALLS = os.environ.get("PYTREE_COMPARE_CALLS", "1") != "0"

@@ -6,8 +6,8 @@ import dataclasses
 import numpy as np
 from hypothesis import strategies as st
 
-from stock_compat import strategies as S
-from stock_compat.strategies import (
+from test_stock_compat import strategies as S
+from test_stock_compat.strategies import (
     DataNode,
     DataOnly,
     KeyedNode,
@@ -16,10 +16,10 @@ from stock_compat.strategies import (
     PlainNode,
     STOCK,
 )
-from stock_compat.describe import NAMEDTUPLES
+from test_stock_compat.describe import NAMEDTUPLES
 
-from stock_compat.describe import canon
-from stock_compat.strategies import SentinelLeaf, log_call
+from test_stock_compat.describe import canon
+from test_stock_compat.strategies import SentinelLeaf, log_call
 
 # ---------------------------------------------------------------------------
 # Leaf predicates (all log their calls).

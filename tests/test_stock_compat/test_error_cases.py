@@ -8,8 +8,8 @@ import warnings
 import numpy as np
 import pytest
 
-from stock_compat import strategies as S
-from stock_compat.strategies import (
+from test_stock_compat import strategies as S
+from test_stock_compat.strategies import (
     DataNode,
     DataOnly,
     Empty,
@@ -29,10 +29,10 @@ from stock_compat.strategies import (
     rega_flatten_keys,
     rega_unflatten,
 )
-from stock_compat.describe import KEY_CLASSES, safe
-from stock_compat.deviations import DEVIATION_AT
-from stock_compat.compare import available_depth, both, expect_same_error
-from stock_compat.inputs import (
+from test_stock_compat.describe import KEY_CLASSES, safe
+from test_stock_compat.deviations import DEVIATION_AT
+from test_stock_compat.compare import available_depth, both, expect_same_error
+from test_stock_compat.inputs import (
     f_leaf,
     f_node,
     f_node_raising,

@@ -5,9 +5,9 @@ import pickle
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stock_compat import strategies as S
-from stock_compat.compare import PROPERTY, both
-from stock_compat.inputs import leaf_pool, treedef_of
+from test_stock_compat import strategies as S
+from test_stock_compat.compare import PROPERTY, both
+from test_stock_compat.inputs import leaf_pool, treedef_of
 
 
 def _state(side, flavour, tree):

@@ -1,7 +1,7 @@
 """The public names and signatures: those of stock."""
 
-from stock_compat.describe import KEY_CLASSES, norm_msg
-from stock_compat.strategies import ours, stock
+from test_stock_compat.describe import KEY_CLASSES, norm_msg
+from test_stock_compat.strategies import ours, stock
 
 
 def _public(obj):

@@ -7,8 +7,8 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from stock_compat import strategies as S
-from stock_compat.strategies import (
+from test_stock_compat import strategies as S
+from test_stock_compat.strategies import (
     DataNode,
     Empty,
     Opaque,
@@ -22,8 +22,8 @@ from stock_compat.strategies import (
     rega_flatten_keys,
     rega_unflatten,
 )
-from stock_compat.describe import KEY_CLASSES, canon, describe_exc, safe
-from stock_compat.compare import PROPERTY, both
+from test_stock_compat.describe import KEY_CLASSES, canon, describe_exc, safe
+from test_stock_compat.compare import PROPERTY, both
 
 CANDIDATE_TYPES = [
     int,
