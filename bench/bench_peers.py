@@ -287,7 +287,7 @@ def _equinox_cells(side):
   return cells
 
 
-def _time_cells(cells, calls, batches):
+def time_cells(cells, calls, batches):
   """Median per-call seconds of each cell, the cells taking turns batch by
   batch."""
   import jax
@@ -307,7 +307,7 @@ def _time_cells(cells, calls, batches):
 
 def child_main(args):
   cells = {**_nnx_cells(args.child), **_equinox_cells(args.child)}
-  seconds = _time_cells(cells, args.calls, args.batches)
+  seconds = time_cells(cells, args.calls, args.batches)
   print(
       json.dumps(
           [[cell, pattern, value] for (cell, pattern), value in seconds.items()]

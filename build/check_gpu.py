@@ -583,7 +583,19 @@ def per_call(call, args):
   """bench/bench_peers.py's timing: the median per-call seconds."""
   import bench_peers
 
-  return bench_peers._per_call_seconds(call, args.calls, args.batches)
+  return bench_peers.time_cells({"call": call}, args.calls, args.batches)[
+      "call"
+  ]
+
+
+def tied_lm_step(eqx, jax, lm, model_class):
+  """One `optax.adamw` step of a fresh model under `eqx.filter_jit`, the
+  same inputs every call, so each timed call does the same work."""
+  model = model_class(jax.random.key(0))
+  opt_state = lm.optimizer.init(eqx.filter(model, eqx.is_array))
+  inputs, targets = lm.batch()
+  step = eqx.filter_jit(lm.step)
+  return lambda: step(model, opt_state, inputs, targets)
 
 
 def lm_sizes(args, lm, defaults):
@@ -601,7 +613,6 @@ def check_tied_lm(jax, args, timings):
   except ImportError as e:
     raise Skip(f"no tied-LM timing: Equinox or optax is not importable ({e})")
   import numpy as np
-  import bench_peers
   import equinox_tied_lm as lm
 
   defaults = (lm.VOCAB, lm.DIM, lm.SEQ, lm.BATCH)
@@ -627,7 +638,7 @@ def check_tied_lm(jax, args, timings):
     shared[size] = (
         float(value),
         np.asarray(grads.embeddings.pytree[0].weight),
-        per_call(bench_peers._equinox_step("stock"), args),
+        per_call(tied_lm_step(eqx, jax, lm, lm.SharedLM), args),
     )
   jax.tree_util.preserve_relative_identities(eqx.Module)
   for size, sizes in lm_sizes(args, lm, defaults):
@@ -650,7 +661,7 @@ def check_tied_lm(jax, args, timings):
         f"{float(np.abs(table - shared_table).max())}",
     )
     del grads
-    step = bench_peers._equinox_step("patched")
+    step = tied_lm_step(eqx, jax, lm, lm.TiedLM)
     _, stepped, _ = step()
     c(
         stepped.embedding is stepped.unembedding,
