@@ -69,7 +69,9 @@ def run_inside_qsort(fn, calls):
   """Calls `fn` `calls` times from inside libc's qsort_r (where callgrind
   collects)."""
   libc = ctypes.CDLL(None)
-  compare_type = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+  compare_type = ctypes.CFUNCTYPE(
+      ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p
+  )
 
   def compare(_a, _b):
     for _ in range(calls):
@@ -122,6 +124,7 @@ def plan_cells(args):
 
 def dump_totals(directory):
   """The `totals:` of each callgrind dump, in the order they were written."""
+
   def number(path):
     suffix = path.rsplit(".", 1)[-1]
     return int(suffix) if suffix.isdigit() else math.inf
@@ -191,7 +194,11 @@ def report(per_call):
     lines.append(
         f"| {label} | {op} | {stock:,.0f} | {value:,.0f} | {ratio:.2f}x |"
     )
-  over = [r for r in rows if r[5] > 1.0 and not (r[2] == "opt-in" and r[1] == "hash_eq")]
+  over = [
+      r
+      for r in rows
+      if r[5] > 1.0 and not (r[2] == "opt-in" and r[1] == "hash_eq")
+  ]
   summary = []
   if plain:
     geomean = math.exp(sum(map(math.log, plain)) / len(plain))
@@ -233,8 +240,19 @@ def main(argv=None):
           {
               "module": jaxlib_patch.pytree.__file__,
               "cells": [
-                  dict(zip(("workload", "op", "library", "stock", "ours",
-                            "ratio"), row))
+                  dict(
+                      zip(
+                          (
+                              "workload",
+                              "op",
+                              "library",
+                              "stock",
+                              "ours",
+                              "ratio",
+                          ),
+                          row,
+                      )
+                  )
                   for row in rows
               ],
               "summary": summary,
