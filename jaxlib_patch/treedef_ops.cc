@@ -1,7 +1,6 @@
 // Operations on treedefs themselves: counts, equality, hash, repr, children,
 // node_data, compose, from_node_data_and_children, treedef_tuple, validation.
 
-#include <atomic>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -282,8 +281,8 @@ nb::tuple PyTreeDef::KeyPath(const Steps& steps, nb::handle tree) const {
 }
 
 uint64_t PyTreeDef::NewOrigin() {
-  static std::atomic<uint64_t> next_origin{1};
-  return next_origin.fetch_add(1, std::memory_order_relaxed);
+  static uint64_t next_origin = 1;
+  return next_origin++;
 }
 
 PyTreeDef::NodeKey PyTreeDef::KeyOf(size_t index) const {
