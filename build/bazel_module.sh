@@ -49,10 +49,11 @@ cd "$repo_root"
 # PYTHON_BIN_PATH picks the interpreter in third_party/bazel/python/
 # python_configure.bzl; changing it makes Bazel re-run that discovery.
 bazel_flags=(--repo_env="PYTHON_BIN_PATH=$python")
-# Warnings as errors, like setup.py, when asked (tests/run.sh, so CI).
+# Warnings as errors, like setup.py, when asked (tests/run.sh, so CI): the
+# flags are WERROR_COPTS of jaxlib_patch/compile_flags.bzl (jaxlib_patch/BUILD).
 build_flags=()
 if [[ ${JAXLIB_PATCH_WERROR:-} == 1 ]]; then
-    build_flags=(--copt=-Werror)
+    build_flags=(--define=jaxlib_patch_werror=1)
 fi
 
 log "building //jaxlib_patch:pytree for $python (this takes a while the first time)"
