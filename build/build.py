@@ -45,7 +45,7 @@ CACHE = WORK / "downloads"
 PATCH_ROOT = REPO / "jax_patch"
 SELFCHECK = REPO / "build" / "selfcheck.py"
 
-DEFAULT_VERSION = "0.10.2"
+DEFAULT_VERSION = (REPO / "VERSION").read_text(encoding="utf-8").strip()
 DEFAULT_LABEL = "relid"
 # PEP 440 local label, in the normalized (lower-case, dot-separated) form
 # that pip compares and writes into file names.

@@ -37,7 +37,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-JAX_VERSION = "0.10.2"
+JAX_VERSION = (REPO / "VERSION").read_text(encoding="utf-8").strip()
 
 # The files of issue 8, the small ones first; a --files entry is one of these
 # names or a path relative to the checkout.
