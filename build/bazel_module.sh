@@ -10,8 +10,8 @@
 #
 # It is an alternative to the setuptools build (`pip install .`), from the
 # same sources.  It installs nothing: it needs Bazel 4 (Debian's
-# bazel-bootstrap), a C++17 compiler, and a Python with its headers and
-# `nanobind` (pip install nanobind).  The interpreter is $PYTHON if set, else
+# bazel-bootstrap), a C++17 compiler, and a Python with its headers and the
+# `nanobind` that pyproject.toml's build requirements pin.  The interpreter is $PYTHON if set, else
 # python3; the module is built for that interpreter.  Bazel keeps its output
 # base in ~/.cache/bazel and writes nothing into the source tree (.bazelrc).
 set -euo pipefail
