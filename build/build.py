@@ -885,7 +885,6 @@ def build_for_python(
     target: Target,
     args,
     stock_jax: Path,
-    jax_wheel: Path,
     dist: Path,
     timings: dict,
 ) -> tuple:
@@ -985,7 +984,7 @@ def build(args) -> None:
   results = [
       (
           target,
-          *build_for_python(target, args, stock_jax, jax_wheel, dist, timings),
+          *build_for_python(target, args, stock_jax, dist, timings),
       )
       for target in targets
   ]
