@@ -1,16 +1,16 @@
 """Builds the C++ pytree module `jaxlib_patch.pytree` with setuptools.
 
-The same sources build with bazel (see WORKSPACE), with the same flags: both
-builds take them from jaxlib_patch/compile_flags.bzl.  Set
-JAXLIB_PATCH_WERROR=1 to make warnings errors (CI does), and
+The same sources build with bazel (see WORKSPACE), with the same flags: every
+build takes them from jaxlib_patch/compile_flags.bzl.  Set
+JAXLIB_PATCH_WERROR=1 to make warnings errors (CI does),
 JAXLIB_PATCH_SANITIZE=1 to build with AddressSanitizer and
-UndefinedBehaviorSanitizer (see docs/hardening.md).
+UndefinedBehaviorSanitizer (see docs/hardening.md), and JAXLIB_PATCH_ZIG=1
+when the compiler is zig's clang (build/build.py sets it for the wheel).
 """
 
 import ast
 import glob
 import os
-import sysconfig
 
 import nanobind
 from setuptools import Extension, setup
@@ -32,25 +32,18 @@ def compile_flags():
 
 
 FLAGS = compile_flags()
-defines = FLAGS["DEFINES"]
-if sysconfig.get_config_var("Py_GIL_DISABLED"):
-  defines = defines + FLAGS["FREE_THREADED_DEFINES"]
-compile_args = FLAGS["COPTS"] + ["-D" + d for d in defines]
+compile_args = FLAGS["COPTS"] + ["-D" + d for d in FLAGS["DEFINES"]]
+link_args = []
 if os.environ.get("JAXLIB_PATCH_WERROR") == "1":
   compile_args += FLAGS["WERROR_COPTS"]
-link_args = []
-if os.environ.get("JAXLIB_PATCH_SANITIZE"):
-  sanitize = [
-      "-fsanitize=address,undefined",
-      "-fno-omit-frame-pointer",
-      "-fno-sanitize-recover=undefined",
-  ]
-  compile_args += ["-O1", "-g"] + sanitize
-  link_args += sanitize
+if os.environ.get("JAXLIB_PATCH_ZIG") == "1":
+  compile_args += FLAGS["ZIG_COPTS"]
+  link_args += FLAGS["ZIG_LINKOPTS"]
+if os.environ.get("JAXLIB_PATCH_SANITIZE") == "1":
+  compile_args += FLAGS["SANITIZE_COPTS"]
+  link_args += FLAGS["SANITIZE_LINKOPTS"]
 else:
-  # -g0 overrides the -g in Python's own CFLAGS: a 6 MB module shrinks to
-  # the size of the bazel build's.
-  compile_args += ["-DNDEBUG", "-g0"]
+  compile_args += FLAGS["RELEASE_COPTS"]
 
 pytree = Extension(
     "jaxlib_patch.pytree",

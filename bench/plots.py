@@ -189,7 +189,8 @@ def plot_pytree(data, out_path):
       handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False
   )
   fig.suptitle(
-      "jaxlib_patch.pytree vs stock jaxlib._jax.pytree 0.10.2: "
+      "jaxlib_patch.pytree vs stock jaxlib._jax.pytree "
+      f"{data['machine'].get('jaxlib', '?')}: "
       "median time per call, ratio to stock\n" + _machine_note(data),
       fontsize=10,
   )
@@ -270,10 +271,11 @@ def plot_jit(data, out_path):
       frameon=False,
   )
   runs = data.get("runs", "?")
+  versions = {side: data["info"][side]["jax"] for side in ("patched", "stock")}
   ax.set_title(
-      "jax.jit, cache hit: patched jax/jaxlib 0.10.2+relid vs stock "
-      "0.10.2\nmedian over %s run pairs; error bars: range over "
-      "the pairs. %s" % (runs, _machine_note(data)),
+      "jax.jit, cache hit: patched jax %s vs stock %s\nmedian over %s run "
+      "pairs; error bars: range over the pairs. %s"
+      % (versions["patched"], versions["stock"], runs, _machine_note(data)),
       fontsize=9,
   )
   fig.tight_layout()

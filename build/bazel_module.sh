@@ -10,8 +10,8 @@
 #
 # It is an alternative to the setuptools build (`pip install .`), from the
 # same sources.  It installs nothing: it needs Bazel 4 (Debian's
-# bazel-bootstrap), a C++17 compiler, and a Python with its headers and
-# `nanobind` (pip install nanobind).  The interpreter is $PYTHON if set, else
+# bazel-bootstrap), a C++17 compiler, and a Python with its headers and the
+# `nanobind` that pyproject.toml's build requirements pin.  The interpreter is $PYTHON if set, else
 # python3; the module is built for that interpreter.  Bazel keeps its output
 # base in ~/.cache/bazel and writes nothing into the source tree (.bazelrc).
 set -euo pipefail
@@ -49,10 +49,11 @@ cd "$repo_root"
 # PYTHON_BIN_PATH picks the interpreter in third_party/bazel/python/
 # python_configure.bzl; changing it makes Bazel re-run that discovery.
 bazel_flags=(--repo_env="PYTHON_BIN_PATH=$python")
-# Warnings as errors, like setup.py, when asked (tests/run.sh, so CI).
+# Warnings as errors, like setup.py, when asked (tests/run.sh, so CI): the
+# flags are WERROR_COPTS of jaxlib_patch/compile_flags.bzl (jaxlib_patch/BUILD).
 build_flags=()
 if [[ ${JAXLIB_PATCH_WERROR:-} == 1 ]]; then
-    build_flags=(--copt=-Werror)
+    build_flags=(--define=jaxlib_patch_werror=1)
 fi
 
 log "building //jaxlib_patch:pytree for $python (this takes a while the first time)"

@@ -45,7 +45,7 @@ CACHE = WORK / "downloads"
 PATCH_ROOT = REPO / "jax_patch"
 SELFCHECK = REPO / "build" / "selfcheck.py"
 
-DEFAULT_VERSION = "0.10.2"
+DEFAULT_VERSION = (REPO / "VERSION").read_text(encoding="utf-8").strip()
 DEFAULT_LABEL = "relid"
 # PEP 440 local label, in the normalized (lower-case, dot-separated) form
 # that pip compares and writes into file names.
@@ -456,10 +456,10 @@ def release_toolchain(platform_tag: str, scratch: Path) -> dict:
   The module must run wherever the stock jaxlib wheel installs: zig's clang
   links against the glibc version the tag names (``-target
   x86_64-linux-gnu.2.27`` for manylinux_2_27_x86_64) and links its C++
-  runtime (libc++) statically; the version script keeps that runtime's
-  symbols local, so the module exports ``PyInit_pytree`` alone and cannot
-  clash with another extension's C++ runtime.  zig comes from the ``ziglang``
-  package of the Python running this script.
+  runtime (libc++) statically.  Every other flag is setup.py's, from
+  ``ZIG_COPTS`` and ``ZIG_LINKOPTS`` of jaxlib_patch/compile_flags.bzl, which
+  ``JAXLIB_PATCH_ZIG=1`` selects.  zig comes from the ``ziglang`` package of
+  the Python running this script.
   """
   parsed = [parse_manylinux(tag) for tag in platform_tag.split(".")]
   if any(minor is None for minor, _ in parsed):
@@ -483,15 +483,11 @@ def release_toolchain(platform_tag: str, scratch: Path) -> dict:
   ).stdout.strip()
   folder = scratch / "toolchain"
   folder.mkdir()
-  exports = folder / "exports.map"
-  exports.write_text("{ global: PyInit_pytree; local: *; };\n")
   compiler = folder / "zig-c++"
-  # -Wno-macro-redefined: zig's glibc headers default _POSIX_C_SOURCE and
-  # _XOPEN_SOURCE to newer values than the ones pyconfig.h sets.
   compiler.write_text(
       "#!/bin/sh\n"
       f"exec {shlex.quote(str(zig))} c++ "
-      f'-target {arch}-linux-gnu.2.{minor} -Wno-macro-redefined "$@"\n'
+      f'-target {arch}-linux-gnu.2.{minor} "$@"\n'
   )
   compiler.chmod(0o755)
   log(f"toolchain: zig {zig_version} c++ for {arch}-linux-gnu.2.{minor}")
@@ -499,7 +495,7 @@ def release_toolchain(platform_tag: str, scratch: Path) -> dict:
       "CC": str(compiler),
       "CXX": str(compiler),
       "LDSHARED": f"{compiler} -shared",
-      "LDFLAGS": f"-Wl,--version-script={exports}",
+      "JAXLIB_PATCH_ZIG": "1",
   }
 
 
@@ -889,7 +885,6 @@ def build_for_python(
     target: Target,
     args,
     stock_jax: Path,
-    jax_wheel: Path,
     dist: Path,
     timings: dict,
 ) -> tuple:
@@ -989,7 +984,7 @@ def build(args) -> None:
   results = [
       (
           target,
-          *build_for_python(target, args, stock_jax, jax_wheel, dist, timings),
+          *build_for_python(target, args, stock_jax, dist, timings),
       )
       for target in targets
   ]

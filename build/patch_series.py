@@ -168,7 +168,11 @@ def main() -> None:
   )
   parser.add_argument("command", choices=["checkout", "export"])
   parser.add_argument("folder", type=Path)
-  parser.add_argument("--version", default="0.10.2")
+  parser.add_argument(
+      "--version",
+      default=(REPO / "VERSION").read_text(encoding="utf-8").strip(),
+      help="jax version (default: the repository's VERSION, %(default)s)",
+  )
   parser.add_argument("--wheel", type=Path, help="the stock jax wheel")
   args = parser.parse_args()
   if shutil.which("patch") is None or shutil.which("git") is None:

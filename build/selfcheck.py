@@ -1,6 +1,6 @@
 """Self-check of the installed custom jax/jaxlib wheels (run by build/build.py).
 
-    python -I build/selfcheck.py [--version 0.10.2] [--label relid]
+    python -I build/selfcheck.py --version V --label LABEL
 
 Run it in an environment where the two wheels from dist/ are installed.  It
 never calls jax.jit.  Importing this module does nothing.
@@ -93,8 +93,10 @@ def check_relative_identities() -> bool:
 def main(argv=None) -> int:
   """Run the checks; the exit status is 0 only if all that ran passed."""
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--version", default="0.10.2")
-  parser.add_argument("--label", default="relid")
+  parser.add_argument(
+      "--version", required=True, help="the published jax/jaxlib version"
+  )
+  parser.add_argument("--label", required=True, help="the local label")
   args = parser.parse_args(argv)
   print(f"selfcheck: Python {sys.version.split()[0]} at {sys.executable}")
   print("selfcheck: installation")

@@ -1,9 +1,12 @@
-# The compile flags of the jaxlib_patch.pytree module: one source for both
-# builds.  Bazel loads this file (jaxlib_patch/BUILD); setup.py reads the same
-# assignments with ast.literal_eval, so each must stay a plain list literal.
+# The compile and link flags of the jaxlib_patch.pytree module: the one source
+# for every build.  Bazel loads this file (jaxlib_patch/BUILD); setup.py reads
+# the same assignments with ast.literal_eval, so each must stay a plain list
+# literal.  setup.py serves the gcc build (`pip install .`), the wheel's zig
+# build (build/build.py runs `pip wheel .`) and the sanitizer build
+# (tests/sanitize.sh); the environment variables named below choose the lists.
 
 # Every translation unit, the module's and nanobind's (nb_combined.cpp), in
-# both builds.  -O2 is explicit so that Bazel's fastbuild mode optimises too.
+# every build.  -O2 is explicit so that Bazel's fastbuild mode optimises too.
 # nanobind's own build compiles its core (raw CPython API code) with
 # -fno-strict-aliasing; the module's files get it as well, so that one list
 # serves both.
@@ -16,13 +19,41 @@ COPTS = [
     "-Wextra",
 ]
 
+# Every build but the sanitizer's.  -g0 overrides the -g of Python's own
+# CFLAGS, which setuptools passes first: a 6 MB module shrinks to the size of
+# the bazel build's.
+RELEASE_COPTS = [
+    "-DNDEBUG",
+    "-g0",
+]
+
 # Added when JAXLIB_PATCH_WERROR=1 (tests/run.sh, so CI): a new warning fails
 # the build there without failing a user's build with a newer compiler.
 WERROR_COPTS = ["-Werror"]
+
+# JAXLIB_PATCH_SANITIZE=1 (tests/sanitize.sh, docs/hardening.md), in place of
+# RELEASE_COPTS: AddressSanitizer and UndefinedBehaviorSanitizer, with the
+# frames and the debug information their reports need.
+SANITIZE_COPTS = [
+    "-O1",
+    "-g",
+    "-fsanitize=address,undefined",
+    "-fno-omit-frame-pointer",
+    "-fno-sanitize-recover=undefined",
+]
+
+SANITIZE_LINKOPTS = ["-fsanitize=address,undefined"]
 
 # The module's nanobind internals stay apart from those of stock jaxlib (and
 # of any other nanobind extension).
 DEFINES = ["NB_DOMAIN=jaxlib_patch"]
 
-# Added for a free-threaded CPython (sysconfig's Py_GIL_DISABLED).
-FREE_THREADED_DEFINES = ["NB_FREE_THREADED"]
+# JAXLIB_PATCH_ZIG=1: the wheel's build, which build/build.py runs with zig's
+# clang for the stock jaxlib wheel's manylinux tag, libc++ linked statically
+# (build/README.md).  zig's glibc headers define _POSIX_C_SOURCE and
+# _XOPEN_SOURCE to newer values than pyconfig.h: not a defect of ours.
+ZIG_COPTS = ["-Wno-macro-redefined"]
+
+# The version script keeps every symbol but PyInit_pytree local, so the
+# module's libc++ cannot clash with another extension's C++ runtime.
+ZIG_LINKOPTS = ["-Wl,--version-script=jaxlib_patch/exports.map"]

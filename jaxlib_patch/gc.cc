@@ -88,7 +88,6 @@ void PyTreeDef::Clear() {
 }
 
 int PyTreeRegistry::Traverse(visitproc visit, void* arg) const {
-  nb::ft_lock_guard lock(mutex_);
   for (const auto& [type, registration] : registrations_) {
     Py_VISIT(registration->type.ptr());
     Py_VISIT(registration->to_iterable.ptr());

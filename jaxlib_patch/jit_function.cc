@@ -196,15 +196,10 @@ nb::tuple DispatchStaticArgnums(const JitFunctionObject* self) {
 
 // The stock dispatch that takes a DispatchArgs, built on first use.
 nb::object Dispatch(JitFunctionObject* self) {
-  {
-    nb::ft_object_guard guard(reinterpret_cast<PyObject*>(self));
-    if (self->dispatch.is_valid()) return self->dispatch;
-  }
-  // Built outside the critical section (it runs Python); if two threads
-  // race, the first one stored wins and the other is dropped unused.
-  nb::object built =
-      self->make_dispatch(DispatchStaticArgnums(self), self->static_argnames);
-  nb::ft_object_guard guard(reinterpret_cast<PyObject*>(self));
+  if (self->dispatch.is_valid()) return self->dispatch;
+  // make_dispatch runs Python, which may hand the GIL to a thread that
+  // builds one too: the first one stored wins, the other is dropped unused.
+  nb::object built = self->make_dispatch(DispatchStaticArgnums(self), self->static_argnames);
   if (!self->dispatch.is_valid()) self->dispatch = std::move(built);
   return self->dispatch;
 }
@@ -291,11 +286,7 @@ nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
 
   // Held here: a node's __eq__ run by Equals may call this function again
   // and replace `self->last_treedef`.
-  nb::object last_treedef;
-  {
-    nb::ft_object_guard guard(reinterpret_cast<PyObject*>(self));
-    last_treedef = self->last_treedef;
-  }
+  nb::object last_treedef = self->last_treedef;
   const PyTreeDef* last =
       last_treedef.is_valid() ? nb::inst_ptr<PyTreeDef>(last_treedef) : nullptr;
   nb::list leaves;
@@ -306,7 +297,6 @@ nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
   // equal one stands for it.
   if (last == nullptr || !last->Equals(treedef)) {
     last_treedef = WrapTreeDef(std::move(treedef));
-    nb::ft_object_guard guard(reinterpret_cast<PyObject*>(self));
     self->last_treedef = last_treedef;
   }
   nb::object dispatch_arg = MakeDispatchArgs(
@@ -421,7 +411,6 @@ PyObject* JitFunctionSignature(PyObject* self, void*) {
 
 // The dispatches built so far.
 std::vector<nb::object> BuiltDispatches(JitFunctionObject* self) {
-  nb::ft_object_guard guard(reinterpret_cast<PyObject*>(self));
   std::vector<nb::object> built;
   for (const nb::object& dispatch : {self->leaf_dispatch, self->dispatch}) {
     if (dispatch.is_valid()) built.push_back(dispatch);

@@ -55,14 +55,6 @@ nb::object WrapTreeDef(PyTreeDef&& treedef) {
 }
 
 NB_MODULE(pytree, m) {
-#ifdef Py_GIL_DISABLED
-  // Free-threaded CPython is not supported yet: the module has never run
-  // without the GIL (no free-threaded interpreter to test on), and flatten
-  // reads lists and dicts without critical sections. Importing it turns the
-  // GIL back on (CPython says so in a RuntimeWarning), as for any extension
-  // that does not declare itself safe without it.
-  PyUnstable_Module_SetGIL(m.ptr(), Py_MOD_GIL_USED);
-#endif
   m.doc() = "Python tree library";
   // Registries and treedefs held by module globals are legitimately alive
   // when nanobind checks for leaks at exit; the tests check refcounts instead.

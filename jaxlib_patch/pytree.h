@@ -16,7 +16,6 @@
 
 #include <Python.h>
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -82,12 +81,16 @@ class PyTreeRegistry {
     std::vector<nb::str> data_fields;
     std::vector<nb::str> meta_fields;
     // Set at registration, or later by OptInRelativeIdentities (never
-    // cleared): atomic because flattens read it without the registry's lock.
-    std::atomic<bool> preserve_relative_identities{false};
+    // cleared).
+    bool preserve_relative_identities = false;
   };
 
   PyTreeRegistry(bool enable_none, bool enable_tuple, bool enable_namedtuple,
                  bool enable_list, bool enable_dict);
+  // Treedefs point into a registry's registrations: it is never copied (and
+  // nanobind, seeing it cannot be, binds no copy).
+  PyTreeRegistry(const PyTreeRegistry&) = delete;
+  PyTreeRegistry& operator=(const PyTreeRegistry&) = delete;
 
   void RegisterNode(nb::object type, nb::object to_iterable,
                     nb::object from_iterable, nb::object to_iterable_with_keys,
@@ -121,8 +124,8 @@ class PyTreeRegistry {
  private:
   void Insert(std::unique_ptr<Registration> registration);
   // Whether `type` derives from (or is) a class given to
-  // OptInRelativeIdentities. Needs `mutex_` held.
-  bool InheritsOptInLocked(PyTypeObject* type) const;
+  // OptInRelativeIdentities.
+  bool InheritsOptIn(PyTypeObject* type) const;
 
   bool enable_none_, enable_tuple_, enable_list_, enable_dict_;
   // Registrations are never removed, so the pointers handed out stay valid
@@ -131,14 +134,10 @@ class PyTreeRegistry {
       registrations_;
   // The classes given to OptInRelativeIdentities, in call order.
   std::vector<nb::object> opted_in_bases_;
-  mutable nb::ft_mutex mutex_;
 };
 
-// Whether nodes of this registration (nullptr for built-in kinds and leaves)
-// keep their relative identities.
 inline bool KeepsIdentity(const PyTreeRegistry::Registration* custom) {
-  return custom != nullptr &&
-         custom->preserve_relative_identities.load(std::memory_order_relaxed);
+  return custom != nullptr && custom->preserve_relative_identities;
 }
 
 struct Node {

@@ -31,18 +31,13 @@ PyTreeRegistry::PyTreeRegistry(bool enable_none, bool enable_tuple,
 
 void PyTreeRegistry::Insert(std::unique_ptr<Registration> registration) {
   auto* type = reinterpret_cast<PyTypeObject*>(registration->type.ptr());
-  bool inserted;
-  {
-    nb::ft_lock_guard lock(mutex_);
-    // Checked under the lock that OptInRelativeIdentities takes, so a
-    // subclass registered while its base is being opted in misses neither.
-    if ((registration->kind == PyTreeKind::kCustom ||
-         registration->kind == PyTreeKind::kDataclass) &&
-        InheritsOptInLocked(type)) {
-      registration->preserve_relative_identities = true;
-    }
-    inserted = registrations_.try_emplace(type, std::move(registration)).second;
+  if ((registration->kind == PyTreeKind::kCustom ||
+       registration->kind == PyTreeKind::kDataclass) &&
+      InheritsOptIn(type)) {
+    registration->preserve_relative_identities = true;
   }
+  const bool inserted =
+      registrations_.try_emplace(type, std::move(registration)).second;
   if (!inserted) {  // try_emplace left `registration` untouched.
     const char* what =
         registration->kind == PyTreeKind::kDataclass
@@ -82,7 +77,6 @@ void PyTreeRegistry::RegisterDataclassNode(nb::object type,
 
 const PyTreeRegistry::Registration* PyTreeRegistry::Lookup(
     PyTypeObject* type) const {
-  nb::ft_lock_guard lock(mutex_);
   auto it = registrations_.find(type);
   return it == registrations_.end() ? nullptr : it->second.get();
 }
@@ -113,7 +107,7 @@ bool PyTreeRegistry::IsNode(nb::handle type) const {
          PyTreeKind::kLeaf;
 }
 
-bool PyTreeRegistry::InheritsOptInLocked(PyTypeObject* type) const {
+bool PyTreeRegistry::InheritsOptIn(PyTypeObject* type) const {
   if (!PyType_Check(reinterpret_cast<PyObject*>(type))) return false;
   for (const nb::object& base : opted_in_bases_) {
     if (PyType_IsSubtype(type, reinterpret_cast<PyTypeObject*>(base.ptr()))) {
@@ -163,8 +157,7 @@ void PyTreeRegistry::OptInRelativeIdentities(nb::handle type) {
               .c_str());
     }
   }
-  nb::ft_lock_guard lock(mutex_);
-  if (!InheritsOptInLocked(cls)) opted_in_bases_.push_back(nb::borrow(type));
+  if (!InheritsOptIn(cls)) opted_in_bases_.push_back(nb::borrow(type));
   for (auto& [registered, registration] : registrations_) {
     if ((registration->kind == PyTreeKind::kCustom ||
          registration->kind == PyTreeKind::kDataclass) &&
@@ -183,8 +176,7 @@ bool PyTreeRegistry::HasRelativeIdentities(nb::handle type) const {
   // A builtin node (None, tuple, list, dict, a namedtuple) never is; an
   // unregistered class is once registered if it inherits an opt-in.
   if (kind != PyTreeKind::kLeaf) return false;
-  nb::ft_lock_guard lock(mutex_);
-  return InheritsOptInLocked(cls);
+  return InheritsOptIn(cls);
 }
 
 }  // namespace jaxlib_patch

@@ -2,7 +2,6 @@
 // references between them valid), concatenation, compose,
 // from_node_data_and_children and treedef_tuple.
 
-#include <atomic>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -12,8 +11,8 @@
 namespace jaxlib_patch {
 
 uint64_t PyTreeDef::NewOrigin() {
-  static std::atomic<uint64_t> next_origin{1};
-  return next_origin.fetch_add(1, std::memory_order_relaxed);
+  static uint64_t next_origin = 1;
+  return next_origin++;
 }
 
 PyTreeDef::NodeKey PyTreeDef::KeyOf(size_t index) const {

@@ -54,7 +54,12 @@ venv_of() {  # venv_of VERSION DEFAULT_VAR_VALUE: the venv folder of Python VERS
 make_venv() {  # make_venv VERSION FOLDER REQUIREMENTS
   [ -x "$2/bin/python" ] || "${interpreter[$1]}" -m venv "$2"
   "$2/bin/python" -m pip install -q --upgrade pip
-  "$2/bin/python" -m pip install -q -r "$3"
+  # Plus pyproject.toml's build requirements (nanobind, setuptools), pinned
+  # there only: the bazel and sanitizer builds compile with the venv's.
+  "$2/bin/python" -m pip install -q -r "$3" $("$2/bin/python" -c '
+import tomllib
+with open("pyproject.toml", "rb") as f:
+  print(" ".join(tomllib.load(f)["build-system"]["requires"]))')
 }
 
 # Run from outside the checkout, so that the source folder jaxlib_patch/ (which

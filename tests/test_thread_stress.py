@@ -17,9 +17,9 @@ fixed DAG while one of them registers types. This file pushes further:
   made by one thread are compared with those made by the others;
 * every thread also runs its own registry.
 
-Exceptions are collected and the list must be empty. (On free-threaded
-CPython the same test runs without the GIL; this interpreter has one. For the
-ThreadSanitizer run, see docs/hardening.md.)
+Exceptions are collected and the list must be empty. (The module relies on
+the GIL; for free-threaded CPython and the ThreadSanitizer run, see
+docs/hardening.md.)
 """
 
 from __future__ import annotations

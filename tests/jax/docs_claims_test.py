@@ -26,7 +26,8 @@ import pytest
 import docs_test
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-SERIES = ROOT / "jax_patch" / "0.10.2" / "series"
+VERSION = (ROOT / "VERSION").read_text(encoding="utf-8").strip()
+SERIES = ROOT / "jax_patch" / VERSION / "series"
 # The documents that tell the project's story; docs/benchmarks.md is where
 # their numbers come from.
 STORY = ("README.md", "docs/proposal.md", "docs/api.md", "docs/guide.md")
@@ -63,9 +64,19 @@ def test_patch_count_the_docs_state():
   for doc, found in counts.items():
     for n in found:
       assert n == len(patches()), (
-          f"{doc} says {n} patches; jax_patch/0.10.2/series has "
+          f"{doc} says {n} patches; jax_patch/{VERSION}/series has "
           f"{len(patches())}"
       )
+
+
+def test_the_stock_pins_are_the_version():
+  # A requirements file cannot read VERSION, so its pins are checked here.
+  pins = re.findall(
+      r"^(jax|jaxlib)==(\S+)",
+      (ROOT / "tests" / "requirements.txt").read_text(),
+      re.MULTILINE,
+  )
+  assert sorted(pins) == [("jax", VERSION), ("jaxlib", VERSION)], pins
 
 
 def test_every_patch_is_in_jax_integration():

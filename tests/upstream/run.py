@@ -37,7 +37,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-JAX_VERSION = "0.10.2"
+JAX_VERSION = (REPO / "VERSION").read_text(encoding="utf-8").strip()
 
 # The jax test files that exercise pytrees through every layer that flattens
 # them (tree utilities, the pytree module, custom rules, jit, batching,

@@ -11,8 +11,7 @@ external repository with a generated BUILD file:
                                nanobind's src/*.cpp|h as textual headers
     @<name>//:nanobind/src/nb_combined.cpp
                                the single translation unit of libnanobind
-    @<name>//:defs.bzl         EXT_SUFFIX, PYTHON_EXECUTABLE, PY_GIL_DISABLED
-                               (a free-threaded build), ... as constants
+    @<name>//:defs.bzl         EXT_SUFFIX, PYTHON_EXECUTABLE, ... as constants
 
 The interpreter is $PYTHON_BIN_PATH if set, else `python3` (then `python`) on
 PATH.  Bazel re-runs the rule when PYTHON_BIN_PATH changes (pass it with
@@ -27,7 +26,6 @@ print("EXECUTABLE=" + sys.executable)
 print("VERSION=" + "%d.%d" % sys.version_info[:2])
 print("INCLUDE=" + sysconfig.get_paths()["include"])
 print("EXT_SUFFIX=" + sysconfig.get_config_var("EXT_SUFFIX"))
-print("PY_GIL_DISABLED=%d" % bool(sysconfig.get_config_var("Py_GIL_DISABLED")))
 try:
     import nanobind
 except ImportError:
@@ -80,7 +78,6 @@ PYTHON_EXECUTABLE = {executable}
 PYTHON_VERSION = {version}
 EXT_SUFFIX = {ext_suffix}
 NANOBIND_VERSION = {nanobind_version}
-PY_GIL_DISABLED = {py_gil_disabled}
 """
 
 def _fail(msg):
@@ -130,7 +127,6 @@ def _python_configure_impl(rctx):
     rctx.file("BUILD", _BUILD_FILE.format(**fmt))
     # repr() quotes the values as Starlark string literals.
     defs = {k: repr(v) for k, v in fmt.items()}
-    defs["py_gil_disabled"] = "True" if info["PY_GIL_DISABLED"] == "1" else "False"
     rctx.file("defs.bzl", _DEFS_FILE.format(**defs))
 
 python_configure = repository_rule(
