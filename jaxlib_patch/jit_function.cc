@@ -199,7 +199,8 @@ nb::object Dispatch(JitFunctionObject* self) {
   if (self->dispatch.is_valid()) return self->dispatch;
   // make_dispatch runs Python, which may hand the GIL to a thread that
   // builds one too: the first one stored wins, the other is dropped unused.
-  nb::object built = self->make_dispatch(DispatchStaticArgnums(self), self->static_argnames);
+  nb::object built =
+      self->make_dispatch(DispatchStaticArgnums(self), self->static_argnames);
   if (!self->dispatch.is_valid()) self->dispatch = std::move(built);
   return self->dispatch;
 }

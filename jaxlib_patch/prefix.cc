@@ -44,7 +44,11 @@ bool SameValue(nb::handle a, nb::handle b) {
   return equal == 1;
 }
 
-class NotAPrefix : public std::exception {};
+// Where the prefix stops matching the full treedef: the steps from the full
+// root down to that place, through references as the expanded tree has them.
+struct NotAPrefix : std::exception {
+  PyTreeDef::Steps steps;
+};
 
 // What the values below one node of the full treedef are, as far as a
 // comparison with one prefix value needs to know.
@@ -80,15 +84,16 @@ class PrefixBroadcast {
     if (!result_.is_valid()) throw nb::python_error();
     try {
       if (!full_.empty() || !prefix_.empty()) {
-        if (full_.empty() || prefix_.empty()) throw NotAPrefix();
+        if (full_.empty() || prefix_.empty()) ThrowNotAPrefix();
         Match(prefix_.size() - 1, full_.size() - 1);
       }
       for (const auto& [position, prefix_position] : references_) {
+        // The place of the reference, where Agrees carries on the descent.
+        descent_ = full_def_.StepsTo(position);
         CheckReference(position, prefix_position);
       }
-    } catch (const NotAPrefix&) {
-      throw nb::value_error(
-          "`prefix_treedef` is not a prefix of `full_treedef`");
+    } catch (const NotAPrefix& mismatch) {
+      RaiseNotAPrefix(mismatch.steps);
     }
     return result_;
   }
@@ -157,13 +162,36 @@ class PrefixBroadcast {
     }
     if (full_node.kind == PyTreeKind::kLeaf ||
         !NodesEqual(prefix_node, full_node)) {
-      throw NotAPrefix();
+      ThrowNotAPrefix();
     }
     const std::vector<Py_ssize_t> prefix_children = prefix_def_.ChildIndices(p);
     const std::vector<Py_ssize_t> full_children = full_def_.ChildIndices(f);
     for (size_t k = 0; k < full_children.size(); ++k) {
+      descent_.push_back({f, k});
       Match(prefix_children[k], full_children[k]);
+      descent_.pop_back();
     }
+  }
+
+  [[noreturn]] void ThrowNotAPrefix() const {
+    NotAPrefix mismatch;
+    mismatch.steps = descent_;
+    throw mismatch;
+  }
+
+  // A ValueError worded as stock's tree_util words it, naming the place, with
+  // `child_path`: the child indices from the root to it, by which a caller
+  // holding both trees finds the two subtrees that differ.
+  [[noreturn]] void RaiseNotAPrefix(const PyTreeDef::Steps& steps) const {
+    nb::list child_path;
+    for (const auto& step : steps) child_path.append(step.second);
+    const std::string message =
+        "`prefix_treedef` is not a prefix of `full_treedef`: they differ at " +
+        KeyPathText(full_def_.KeyPath(steps));
+    nb::object error = nb::borrow(PyExc_ValueError)(FromUtf8(message));
+    error.attr("child_path") = nb::tuple(child_path);
+    PyErr_SetObject(PyExc_ValueError, error.ptr());
+    throw nb::python_error();
   }
 
   void Cover(Py_ssize_t f, nb::handle value) {
@@ -211,12 +239,14 @@ class PrefixBroadcast {
     const Node& full_node = full_[f];
     if (full_node.kind == PyTreeKind::kLeaf ||
         !NodesEqual(prefix_node, full_node)) {
-      throw NotAPrefix();
+      ThrowNotAPrefix();
     }
     const std::vector<Py_ssize_t> prefix_children = prefix_def_.ChildIndices(p);
     const std::vector<Py_ssize_t> full_children = full_def_.ChildIndices(f);
     for (size_t k = 0; k < full_children.size(); ++k) {
+      descent_.push_back({f, k});
       if (!Agrees(prefix_children[k], full_children[k])) return false;
+      descent_.pop_back();
     }
     return true;
   }
@@ -290,6 +320,8 @@ class PrefixBroadcast {
   // (reference's full position, prefix position that reached it)
   std::vector<std::pair<Py_ssize_t, Py_ssize_t>> references_;
   std::vector<ValueSummary> summaries_;
+  // The steps from the full root to the place being matched.
+  PyTreeDef::Steps descent_;
   std::unordered_set<uint64_t> agreed_;
   nb::object conflict_first_;
   nb::object conflict_given_;

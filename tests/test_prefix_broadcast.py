@@ -192,6 +192,64 @@ def test_reference_reached_through_a_matching_subtree():
   assert full.broadcast_flattened_prefix(prefix, leaves) == [0, 0]
 
 
+def draw_wrong_prefix(draw, tree, path, mistakes):
+  """A prefix of plain ``tree`` in places and not in others: a list with one
+  child more than the node there.  ``mistakes`` gets those places' child
+  paths."""
+  is_leaf = tree.num_nodes == 1 and tree.num_leaves == 1
+  choice = draw(st.integers(0, 5))
+  if choice == 0 or (is_leaf and choice < 4):
+    return EXPANDING.flatten(0)
+  children = [] if is_leaf else tree.children()
+  if is_leaf or choice == 1:
+    mistakes.append(path)
+    return EXPANDING.flatten([0] * (len(children) + 1))
+  prefix_children, leaves = [], []
+  for index, child in enumerate(children):
+    child_leaves, child_def = draw_wrong_prefix(
+        draw, child, (*path, index), mistakes
+    )
+    prefix_children.append(child_def)
+    leaves += child_leaves
+  prefix = pt.PyTreeDef.from_node_data_and_children(
+      EXPANDING, tree.node_data(), prefix_children
+  )
+  return leaves, prefix
+
+
+def is_leaf_def(treedef):
+  return treedef.num_nodes == 1 and treedef.num_leaves == 1
+
+
+@SETTINGS
+@given(dags(), st.data())
+def test_not_a_prefix_names_a_place_where_the_prefix_is_wrong(x, data):
+  _, full = REGISTRY.flatten(x)
+  tree, _ = expanded(full)
+  mistakes = []
+  leaves, prefix = draw_wrong_prefix(data.draw, tree, (), mistakes)
+  if not mistakes:
+    full.broadcast_flattened_prefix(prefix, leaves)  # raises no structure error
+    return
+  with pytest.raises(ValueError) as info:
+    full.broadcast_flattened_prefix(prefix, leaves)
+  if isinstance(info.value, pt.SharedPrefixError):
+    return  # A shared node was given two values before the walk got there.
+  child_path = info.value.child_path
+  assert child_path in mistakes
+  # The child path leads through nodes that match to one that does not, in
+  # the full tree written out (every shared node at each place it is).
+  for index in child_path:
+    assert prefix.node_data() == tree.node_data()
+    prefix, tree = prefix.children()[index], tree.children()[index]
+  assert not is_leaf_def(prefix)
+  assert (
+      is_leaf_def(tree)
+      or prefix.node_data() != tree.node_data()
+      or (len(prefix.children()) != len(tree.children()))
+  )
+
+
 def test_not_a_prefix_is_a_plain_value_error():
   _, full = REGISTRY.flatten(([Leaf()], Leaf()))
   leaves, prefix = REGISTRY.flatten(([0, 1], 0))

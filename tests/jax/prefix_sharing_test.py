@@ -12,9 +12,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jax.sharding import NamedSharding, PartitionSpec as P
 from jax._src import test_util as jtu
-from jax._src.tree_util import SharedPrefixError
+from jax._src.tree_util import SharedPrefixError, prefix_errors
 
 from shared_nodes import Param
 
@@ -211,6 +213,80 @@ class PrefixSharingTest(jtu.JaxTestCase):
     broadcast = jax.tree.broadcast(0, node)
     self.assertIs(broadcast.value[0], broadcast.value[1])
     self.assertEqual(jax.tree.leaves(broadcast), [0])
+
+
+@st.composite
+def shared_trees(draw):
+  """A list whose items hold a few Params, some of them at several places."""
+  params = [
+      Param(draw(st.sampled_from([[1.0], [1.0, 2.0], {"w": 1.0, "b": 2.0}])))
+      for _ in range(draw(st.integers(1, 3)))
+  ]
+  param = st.sampled_from(params)
+  item = st.one_of(
+      param,
+      st.tuples(param, st.just(3.0)).map(list),
+      param.map(lambda p: {"k": p}),
+  )
+  return draw(st.lists(item, min_size=2, max_size=5))
+
+
+@st.composite
+def prefixes_of(draw, tree):
+  """A prefix of `tree` (which shares nothing), wrong in some places."""
+  if isinstance(tree, float):
+    return draw(st.sampled_from([0, 1]))
+  choice = draw(st.sampled_from(["leaf", "same", "same", "wrong"]))
+  if choice == "leaf":
+    return draw(st.sampled_from([0, 1]))
+  if choice == "wrong":
+    if isinstance(tree, list):
+      return [0] * (len(tree) + 1)
+    if isinstance(tree, dict):
+      return {**dict.fromkeys(tree, 0), "extra": 0}
+    return [0]  # For a Param.
+  if isinstance(tree, list):
+    return [draw(prefixes_of(child)) for child in tree]
+  if isinstance(tree, dict):
+    return {key: draw(prefixes_of(child)) for key, child in tree.items()}
+  return Param(draw(prefixes_of(tree.value)))
+
+
+class PrefixErrorsTest(jtu.JaxTestCase):
+  """prefix_errors over shared nodes finds an error where stock's walk of the
+  stock layout (every occurrence written out) finds one, and words it as
+  stock does, at the place where the prefix is wrong."""
+
+  @settings(max_examples=200, deadline=None)
+  @given(data=st.data())
+  def test_generated_prefixes_report_an_error_of_the_stock_layout(self, data):
+    full = data.draw(shared_trees())
+    expanded = jax.tree_util.tree_unshare(full)
+    prefix = data.draw(prefixes_of(expanded))
+    stock = [str(error("in_axes")) for error in prefix_errors(prefix, expanded)]
+    ours = [error("in_axes") for error in prefix_errors(prefix, full)]
+    if full is expanded:  # Nothing shared: stock's own walk, every error.
+      self.assertEqual([str(error) for error in ours], stock)
+      return
+    self.assertLessEqual(len(ours), 1)
+    if ours and isinstance(ours[0], SharedPrefixError):
+      return  # One node given two values: the stock layout cannot see it.
+    self.assertEqual(bool(ours), bool(stock), (prefix, full))
+    if ours:
+      self.assertIn(str(ours[0]), stock)
+
+  def test_wrong_prefix_below_nested_sharing_is_found_in_linear_time(self):
+    # 2**40 occurrences of the bottom node: a walk of the objects would not
+    # end; the error is found through the treedef.
+    node, prefix = Param([1.0, 2.0]), Param([0])
+    for _ in range(40):
+      node, prefix = Param((node, node)), Param((prefix, prefix))
+    (error,) = prefix_errors(prefix, node)
+    message = str(error("in_axes"))
+    self.assertIn("different lengths of list at key path", message)
+    self.assertIn("in_axes" + ".value[0]" * 40 + ".value", message)
+    with self.assertRaisesRegex(ValueError, "different lengths of list"):
+      jax.tree.broadcast(prefix, node)
 
 
 class SharingMessagesTest(jtu.JaxTestCase):
