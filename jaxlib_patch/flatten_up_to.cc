@@ -4,9 +4,8 @@
 #include <string>
 #include <vector>
 
-#include <tsl/robin_map.h>
-
 #include "jaxlib_patch/flatten_common.h"
+#include "jaxlib_patch/identity_scope.h"
 #include "jaxlib_patch/keys.h"
 #include "jaxlib_patch/pytree.h"
 
@@ -34,7 +33,7 @@ class SharingChecker {
     for (const Node& node : treedef.traversal()) {
       first_occurrences += KeepsIdentity(node.custom) && !node.is_reference();
     }
-    owner_.reserve(first_occurrences);
+    owners_.Reserve(first_occurrences);
   }
 
   void Check(nb::handle obj, Py_ssize_t position) {
@@ -46,20 +45,20 @@ class SharingChecker {
                              " refers to a shared node outside of it.")
                                 .c_str());
     }
-    auto [owner, new_object] = owner_.try_emplace(obj.ptr(), canonical);
-    if (!new_object && owner->second != canonical) {
+    const Py_ssize_t owner = owners_.FindOrInsert(obj, canonical);
+    if (owner != canonical) {
       throw nb::value_error(
           ("PyTree sharing mismatch: the tree holds the same " +
            TypeName(
                nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr())))) +
            " object at " + Path(position) + " and at " +
-           Path(claims_[owner->second].position) +
+           Path(claims_[owner].position) +
            ", where the PyTreeDef has two separate nodes." + kHint)
               .c_str());
     }
     Claim& claim = claims_[canonical];
     if (!claim.object.is_valid()) {
-      claim = Claim{nb::borrow(obj), position};
+      claim = Claim{obj, position};
     } else if (!claim.object.is(obj)) {
       throw nb::value_error(
           ("PyTree sharing mismatch: the PyTreeDef shares the node at " +
@@ -76,12 +75,13 @@ class SharingChecker {
 
   const PyTreeDef& treedef_;
   nb::handle tree_;  // Alive: flatten_up_to's argument.
-  // Which canonical index each object met so far stands for.
-  tsl::robin_map<PyObject*, Py_ssize_t, PointerHash> owner_;
+  // Which canonical index each object met so far stands for; it also keeps
+  // the objects alive, so no id is reused.
+  IdentityScope owners_;
   // By canonical index: the object expected there, and the position that
-  // first showed it. Also keeps the objects alive, so no id is reused.
+  // first showed it.
   struct Claim {
-    nb::object object;
+    nb::handle object;
     Py_ssize_t position = 0;
   };
   std::vector<Claim> claims_;

@@ -4,6 +4,7 @@
 #define JAXLIB_PATCH_IDENTITY_SCOPE_H_
 
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include <tsl/robin_map.h>
@@ -23,17 +24,34 @@ class IdentityScope {
   // Returns the index recorded for `obj`, or inserts `kInProgress` for it and
   // returns nullopt when it is met for the first time.
   std::optional<Py_ssize_t> FindOrStart(nb::handle obj) {
-    auto [it, inserted] = index_of_.try_emplace(obj.ptr(), kInProgress);
-    if (!inserted) return it->second;
-    alive_.push_back(nb::borrow(obj));
-    return std::nullopt;
+    auto [index, inserted] = Insert(obj, kInProgress);
+    if (inserted) return std::nullopt;
+    return index;
   }
 
   void Finish(nb::handle obj, Py_ssize_t index) {
     index_of_[obj.ptr()] = index;
   }
 
+  // Returns the index recorded for `obj`, recording `index` for it when it is
+  // met for the first time.
+  Py_ssize_t FindOrInsert(nb::handle obj, Py_ssize_t index) {
+    return Insert(obj, index).first;
+  }
+
+  // Room for `objects` distinct objects: the map never rehashes as it fills.
+  void Reserve(size_t objects) {
+    index_of_.reserve(objects);
+    alive_.reserve(objects);
+  }
+
  private:
+  std::pair<Py_ssize_t, bool> Insert(nb::handle obj, Py_ssize_t index) {
+    auto [it, inserted] = index_of_.try_emplace(obj.ptr(), index);
+    if (inserted) alive_.push_back(nb::borrow(obj));
+    return {it->second, inserted};
+  }
+
   // robin_map (shipped with nanobind): open addressing, no allocation per
   // entry, which matters on the hot path of every opted-in node.
   tsl::robin_map<PyObject*, Py_ssize_t, PointerHash> index_of_;
