@@ -4,7 +4,7 @@ each library's own ways to share on stock JAX.
 Usage::
 
     python bench/bench_peers.py [--stock-python PY] [--patched-python PY]
-        [--runs N] [--calls N] [--batches N] [--json out.json]
+        [--runs N] [--calls N] [--batches N] [--instructions] [--json out.json]
 
 Patched and stock JAX cannot be imported in one process, so the parent runs
 this script as children, alternately under the stock interpreter and under
@@ -38,7 +38,10 @@ Within a child the cells take turns batch by batch, so that load drifts over
 all of them alike.
 
 A cell's time is the median per-call time over its batches; a ratio is the
-median over the run pairs (run k of each side) of patched / stock. The
+median over the run pairs (run k of each side) of patched / stock. With
+``--instructions`` each side runs once under valgrind's callgrind, and a
+cell's figure is the instructions per call (count_instructions.py's method,
+each call waited for, XLA's threads included), which load does not change. The
 targets: an NNX step opted in at most 1.0x the fastest stock pattern of the
 same run; an Equinox step opted in at most 0.8x ``eqx.nn.Shared``; the deep
 forward opted in at most 0.1x ``nnx.jit``.
@@ -51,6 +54,7 @@ import pathlib
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -305,8 +309,31 @@ def time_cells(cells, calls, batches):
   return {name: statistics.median(batch) for name, batch in times.items()}
 
 
+def measure_cells(cells, calls):
+  """count_instructions.py's runs of each cell in turn (under callgrind, the
+  parent counts them), every call waited for, so that the step's work on
+  XLA's threads is inside the run."""
+  import gc
+
+  import jax
+
+  sys.path.insert(0, str(ROOT / "bench"))  # The child runs with -P.
+  from count_instructions import measure_inside_qsort
+
+  for call in cells.values():
+    jax.block_until_ready(call())  # compile
+  gc.disable()
+  for call in cells.values():
+    measure_inside_qsort(lambda call=call: jax.block_until_ready(call()), calls)
+
+
 def child_main(args):
   cells = {**_nnx_cells(args.child), **_equinox_cells(args.child)}
+  if args.instructions:
+    print(json.dumps(list(cells)), flush=True)
+    measure_cells(cells, args.calls)
+    # Interpreter shutdown sorts with qsort_r too.
+    os._exit(0)
   seconds = time_cells(cells, args.calls, args.batches)
   print(
       json.dumps(
@@ -315,22 +342,24 @@ def child_main(args):
   )
 
 
+def _child_argv(python, side, args):
+  return [
+      python,
+      "-P",
+      __file__,
+      "--child",
+      side,
+      "--calls",
+      str(args.calls),
+      "--batches",
+      str(args.batches),
+      *(["--instructions"] if args.instructions else []),
+  ]
+
+
 def _run_child(python, side, args):
   done = subprocess.run(
-      [
-          python,
-          "-P",
-          __file__,
-          "--child",
-          side,
-          "--calls",
-          str(args.calls),
-          "--batches",
-          str(args.batches),
-      ],
-      capture_output=True,
-      text=True,
-      cwd="/",
+      _child_argv(python, side, args), capture_output=True, text=True, cwd="/"
   )
   if done.returncode:
     sys.exit(f"{side} child ({python}) failed:\n{done.stderr}")
@@ -340,35 +369,64 @@ def _run_child(python, side, args):
   return result
 
 
-def _row(label, stock_runs, patched_runs, bound=None):
-  """One line of the report: medians, the ratio over run pairs and, with a
-  `bound`, the verdict."""
+def _count_child(python, side, args):
+  """Instructions per call of each cell: the child run under callgrind."""
+  from count_instructions import callgrind_totals, per_call_counts
+
+  with tempfile.TemporaryFile("w+") as names:
+    totals = callgrind_totals(
+        _child_argv(python, side, args),
+        cwd="/",
+        env=dict(os.environ, OPENBLAS_NUM_THREADS="1", PYTHONHASHSEED="0"),
+        stdout=names,
+        stderr=subprocess.DEVNULL,
+    )
+    names.seek(0)
+    cells = json.loads(names.read().splitlines()[-1])
+  result = {}
+  per_call = per_call_counts(totals, [args.calls] * len(cells))
+  for (cell, pattern), value in zip(cells, per_call):
+    result.setdefault(cell, {})[pattern] = value
+  return result
+
+
+def _row(label, stock_runs, patched_runs, unit, bound=None):
+  """One line of the report: medians (seconds, or instructions), the ratio
+  over run pairs and, with a `bound`, the verdict."""
   ratios = [p / s for s, p in zip(stock_runs, patched_runs)]
   ratio = statistics.median(ratios)
   row = {
-      "stock_s": statistics.median(stock_runs),
-      "patched_s": statistics.median(patched_runs),
+      f"stock_{unit}": statistics.median(stock_runs),
+      f"patched_{unit}": statistics.median(patched_runs),
       "ratio": ratio,
       "ratios": ratios,
   }
+  scale = 1e6 if unit == "s" else 1
   verdict = ""
   if bound is not None:
     row.update(target=bound, met=ratio <= bound)
     verdict = f"<= {bound}: {'met' if ratio <= bound else 'NOT met'}"
   print(
-      f"{label:44} {row['stock_s'] * 1e6:9.1f} {row['patched_s'] * 1e6:11.1f} "
+      f"{label:44} {row[f'stock_{unit}'] * scale:11,.1f} "
+      f"{row[f'patched_{unit}'] * scale:13,.1f} "
       f"{ratio:7.3f} {min(ratios):6.3f}-{max(ratios):.3f}  {verdict}"
   )
   return row
 
 
 def parent_main(args):
+  # Instruction counts repeat: one run of each side.
+  measure, unit, runs_wanted = (
+      (_count_child, "instructions", 1)
+      if args.instructions
+      else (_run_child, "s", args.runs)
+  )
   runs = {"stock": [], "patched": []}
-  for k in range(args.runs):
+  for k in range(runs_wanted):
     order = ("stock", "patched") if k % 2 == 0 else ("patched", "stock")
     for side in order:
       python = args.stock_python if side == "stock" else args.patched_python
-      runs[side].append(_run_child(python, side, args))
+      runs[side].append(measure(python, side, args))
       print(f"  run {k + 1}: {side}", file=sys.stderr, flush=True)
 
   def per_run(side, cell, pattern):
@@ -376,8 +434,10 @@ def parent_main(args):
 
   report = {}
   print(
-      f"{'cell: patched pattern / stock pattern':44} {'stock us':>9} "
-      f"{'patched us':>11} {'ratio':>7} {'range':>13}  target"
+      f"{'cell: patched pattern / stock pattern':44} "
+      f"{'stock ' + ('us' if unit == 's' else unit):>11} "
+      f"{'patched ' + ('us' if unit == 's' else unit):>13} "
+      f"{'ratio':>7} {'range':>13}  target"
   )
   for cell, (opted_in, stock_patterns, bound) in TARGETS.items():
     fastest_stock = [
@@ -390,6 +450,7 @@ def parent_main(args):
         f"{cell}: {opted_in} / {fastest}{against}",
         fastest_stock,
         per_run("patched", cell, opted_in),
+        unit,
         bound,
     )
     for pattern in stock_patterns:
@@ -397,6 +458,7 @@ def parent_main(args):
           f"  {pattern} on both sides",
           per_run("stock", cell, pattern),
           per_run("patched", cell, pattern),
+          unit,
       )
   if args.json:
     pathlib.Path(args.json).write_text(json.dumps(report, indent=1))
@@ -417,6 +479,12 @@ def main():
   parser.add_argument("--calls", type=int, default=20)
   parser.add_argument("--batches", type=int, default=10)
   parser.add_argument("--json")
+  parser.add_argument(
+      "--instructions",
+      action="store_true",
+      help="count instructions per call under valgrind's callgrind instead "
+      "of timing (--calls calls a cell, one run a side)",
+  )
   parser.add_argument(
       "--child", choices=("stock", "patched"), help=argparse.SUPPRESS
   )

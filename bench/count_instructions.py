@@ -83,6 +83,14 @@ def run_inside_qsort(fn, calls):
   libc.qsort(items, 2, ctypes.sizeof(ctypes.c_int), callback)
 
 
+def measure_inside_qsort(fn, calls):
+  """The three runs of one cell that `counts_per_call` reads: a warm-up
+  call, no calls (the callback's own cost), then `calls` calls."""
+  run_inside_qsort(fn, 1)
+  run_inside_qsort(fn, 0)
+  run_inside_qsort(fn, calls)
+
+
 def matching_cells(pattern):
   """(workload, op, library) -> callable for the workloads matching
   `pattern`: the grid's (stock, ours, and the opted-in model) and the four
@@ -109,10 +117,7 @@ def child(plan_path):
     pattern, plan = json.load(f)
   cells = matching_cells(re.compile(pattern))
   for workload, op, library, calls in plan:
-    fn = cells[workload, op, library]
-    run_inside_qsort(fn, 1)
-    run_inside_qsort(fn, 0)
-    run_inside_qsort(fn, calls)
+    measure_inside_qsort(cells[workload, op, library], calls)
 
 
 # --------------------------------------------------------------------------
@@ -152,12 +157,10 @@ def dump_totals(directory):
   return totals
 
 
-def count(pattern, plan):
-  """Instructions per call of each planned cell."""
+def callgrind_totals(argv, **run_options):
+  """Runs the child `argv` under callgrind, collecting only inside qsort_r
+  and dumping as each returns; the dumps' totals, in order."""
   with tempfile.TemporaryDirectory() as directory:
-    plan_path = os.path.join(directory, "plan.json")
-    with open(plan_path, "w") as f:
-      json.dump([pattern, plan], f)
     subprocess.run(
         [
             "valgrind",
@@ -166,23 +169,46 @@ def count(pattern, plan):
             "--collect-atstart=no",
             "--toggle-collect=qsort_r",
             "--dump-after=qsort_r",
-            sys.executable,
-            os.path.abspath(__file__),
-            "--child",
-            plan_path,
+            *argv,
         ],
         check=True,
+        **run_options,
+    )
+    return dump_totals(directory)
+
+
+def per_call_counts(totals, calls):
+  """Each cell's instructions per call, from the dumps of a child that made
+  `measure_inside_qsort`'s runs for one cell after another, `calls[i]`
+  measured calls for cell i."""
+  # The last three dumps per cell are the cells' (imports may sort before).
+  ours = totals[len(totals) - 3 * len(calls) :]
+  if len(ours) < 3 * len(calls):
+    sys.exit(f"{len(totals)} callgrind dumps for {len(calls)} cells")
+  per_call = [
+      (ours[3 * i + 2] - ours[3 * i + 1]) / n for i, n in enumerate(calls)
+  ]
+  if min(per_call) <= 0:
+    sys.exit(f"the callgrind dumps are not the cells' runs: {totals}")
+  return per_call
+
+
+def count(pattern, plan):
+  """Instructions per call of each planned cell."""
+  with tempfile.TemporaryDirectory() as directory:
+    plan_path = os.path.join(directory, "plan.json")
+    with open(plan_path, "w") as f:
+      json.dump([pattern, plan], f)
+    totals = callgrind_totals(
+        [sys.executable, os.path.abspath(__file__), "--child", plan_path],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    totals = dump_totals(directory)
-  # The last three dumps per cell are ours (imports may sort before).
-  ours = totals[len(totals) - 3 * len(plan) :]
-  per_call = {}
-  for i, (workload, op, library, calls) in enumerate(plan):
-    _warm_up, empty, measured = ours[3 * i : 3 * i + 3]
-    per_call[workload, op, library] = (measured - empty) / calls
-  return per_call
+  per_call = per_call_counts(totals, [calls for *_, calls in plan])
+  return {
+      (workload, op, library): value
+      for (workload, op, library, _), value in zip(plan, per_call)
+  }
 
 
 def report(per_call):

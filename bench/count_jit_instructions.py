@@ -23,10 +23,8 @@ import json
 import os
 import pathlib
 import subprocess
-import sys
-import tempfile
 
-from count_instructions import dump_totals, run_inside_qsort
+from count_instructions import callgrind_totals, measure_inside_qsort, per_call_counts
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CASES = ("hoisted", "inline", "dict")
@@ -54,9 +52,7 @@ def child_main(calls):
     jax.block_until_ready(call())
   gc.disable()
   for case in CASES:
-    run_inside_qsort(calls_of[case], 1)
-    run_inside_qsort(calls_of[case], 0)
-    run_inside_qsort(calls_of[case], calls)
+    measure_inside_qsort(calls_of[case], calls)
     jax.block_until_ready(calls_of[case]())
   # Interpreter shutdown sorts with qsort_r too, and its dumps would follow
   # the cases'.
@@ -65,41 +61,19 @@ def child_main(calls):
 
 def count(python, calls):
   """Instructions per call of each case under `python`."""
-  with tempfile.TemporaryDirectory() as directory:
-    subprocess.run(
-        [
-            "valgrind",
-            "--tool=callgrind",
-            f"--callgrind-out-file={directory}/out",
-            "--collect-atstart=no",
-            "--toggle-collect=qsort_r",
-            "--dump-after=qsort_r",
-            python,
-            os.path.abspath(__file__),
-            "--child",
-            str(calls),
-        ],
-        check=True,
-        cwd="/",
-        env=dict(
-            os.environ,
-            JAX_PLATFORMS="cpu",
-            OPENBLAS_NUM_THREADS="1",
-            PYTHONHASHSEED="0",
-        ),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    totals = dump_totals(directory)
-  # The last three dumps per case are the child's (imports may sort before).
-  ours = totals[len(totals) - 3 * len(CASES) :]
-  per_call = {
-      case: (ours[3 * i + 2] - ours[3 * i + 1]) / calls
-      for i, case in enumerate(CASES)
-  }
-  if min(per_call.values()) <= 0:
-    sys.exit(f"{python}: the dumps are not the cases' ({totals})")
-  return per_call
+  totals = callgrind_totals(
+      [python, os.path.abspath(__file__), "--child", str(calls)],
+      cwd="/",
+      env=dict(
+          os.environ,
+          JAX_PLATFORMS="cpu",
+          OPENBLAS_NUM_THREADS="1",
+          PYTHONHASHSEED="0",
+      ),
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.DEVNULL,
+  )
+  return dict(zip(CASES, per_call_counts(totals, [calls] * len(CASES))))
 
 
 def main():
