@@ -58,6 +58,10 @@ import tempfile
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))  # The children run with -P.
+
+import interpreters  # noqa: E402
+
 DEEP_LAYERS = 100
 PAIRS = 50
 LEARNING_RATE = 1e-3
@@ -316,8 +320,6 @@ def measure_cells(cells, calls):
   import gc
 
   import jax
-
-  sys.path.insert(0, str(ROOT / "bench"))  # The child runs with -P.
   from count_instructions import measure_inside_qsort
 
   for call in cells.values():
@@ -466,15 +468,7 @@ def parent_main(args):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument(
-      "--stock-python",
-      default=os.environ.get(
-          "JAXLIB_PATCH_STOCK_PYTHON", str(ROOT / ".venv-test/bin/python")
-      ),
-  )
-  parser.add_argument(
-      "--patched-python", default=str(ROOT / ".venv-jax/bin/python")
-  )
+  interpreters.add_arguments(parser)
   parser.add_argument("--runs", type=int, default=3)
   parser.add_argument("--calls", type=int, default=20)
   parser.add_argument("--batches", type=int, default=10)

@@ -24,6 +24,7 @@ import os
 import pathlib
 import subprocess
 
+import interpreters
 from count_instructions import callgrind_totals, measure_inside_qsort, per_call_counts
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -78,15 +79,7 @@ def count(python, calls):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  parser.add_argument(
-      "--stock-python",
-      default=os.environ.get(
-          "JAXLIB_PATCH_STOCK_PYTHON", str(ROOT / ".venv-test/bin/python")
-      ),
-  )
-  parser.add_argument(
-      "--patched-python", default=str(ROOT / ".venv-jax/bin/python")
-  )
+  interpreters.add_arguments(parser)
   parser.add_argument("--calls", type=int, default=2000)
   parser.add_argument("--json")
   parser.add_argument("--child", type=int, help=argparse.SUPPRESS)

@@ -155,22 +155,28 @@ class PrefixBroadcast {
       }
       return;
     }
-    const Node& full_node = full_[f];
-    if (full_node.is_reference()) {
+    if (full_[f].is_reference()) {
       references_.emplace_back(f, p);
       return;
     }
-    if (full_node.kind == PyTreeKind::kLeaf ||
-        !NodesEqual(prefix_node, full_node)) {
-      ThrowNotAPrefix();
-    }
-    const std::vector<Py_ssize_t> prefix_children = prefix_def_.ChildIndices(p);
-    const std::vector<Py_ssize_t> full_children = full_def_.ChildIndices(f);
+    const auto [prefix_children, full_children] = AlikeChildren(p, f);
     for (size_t k = 0; k < full_children.size(); ++k) {
       descent_.push_back({f, k});
       Match(prefix_children[k], full_children[k]);
       descent_.pop_back();
     }
+  }
+
+  // The children of the prefix node at `p` (not a leaf) and of the full node
+  // at `f` (not a reference), which must be alike.
+  std::pair<std::vector<Py_ssize_t>, std::vector<Py_ssize_t>> AlikeChildren(
+      Py_ssize_t p, Py_ssize_t f) const {
+    const Node& full_node = full_[f];
+    if (full_node.kind == PyTreeKind::kLeaf ||
+        !NodesEqual(prefix_[p], full_node)) {
+      ThrowNotAPrefix();
+    }
+    return {prefix_def_.ChildIndices(p), full_def_.ChildIndices(f)};
   }
 
   [[noreturn]] void ThrowNotAPrefix() const {
@@ -236,13 +242,7 @@ class PrefixBroadcast {
           return false;
       }
     }
-    const Node& full_node = full_[f];
-    if (full_node.kind == PyTreeKind::kLeaf ||
-        !NodesEqual(prefix_node, full_node)) {
-      ThrowNotAPrefix();
-    }
-    const std::vector<Py_ssize_t> prefix_children = prefix_def_.ChildIndices(p);
-    const std::vector<Py_ssize_t> full_children = full_def_.ChildIndices(f);
+    const auto [prefix_children, full_children] = AlikeChildren(p, f);
     for (size_t k = 0; k < full_children.size(); ++k) {
       descent_.push_back({f, k});
       if (!Agrees(prefix_children[k], full_children[k])) return false;
