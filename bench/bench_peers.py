@@ -4,7 +4,8 @@ each library's own ways to share on stock JAX.
 Usage::
 
     python bench/bench_peers.py [--stock-python PY] [--patched-python PY]
-        [--runs N] [--calls N] [--batches N] [--instructions] [--json out.json]
+        [--runs N] [--calls N] [--batches N] [--match REGEX] [--instructions]
+        [--json out.json]
 
 Patched and stock JAX cannot be imported in one process, so the parent runs
 this script as children, alternately under the stock interpreter and under
@@ -51,6 +52,7 @@ import argparse
 import json
 import os
 import pathlib
+import re
 import statistics
 import subprocess
 import sys
@@ -330,7 +332,14 @@ def measure_cells(cells, calls):
 
 
 def child_main(args):
-  cells = {**_nnx_cells(args.child), **_equinox_cells(args.child)}
+  cells = {
+      (cell, pattern): call
+      for (cell, pattern), call in {
+          **_nnx_cells(args.child),
+          **_equinox_cells(args.child),
+      }.items()
+      if re.search(args.match, cell)
+  }
   if args.instructions:
     print(json.dumps(list(cells)), flush=True)
     measure_cells(cells, args.calls)
@@ -355,6 +364,8 @@ def _child_argv(python, side, args):
       str(args.calls),
       "--batches",
       str(args.batches),
+      "--match",
+      args.match,
       *(["--instructions"] if args.instructions else []),
   ]
 
@@ -442,6 +453,8 @@ def parent_main(args):
       f"{'ratio':>7} {'range':>13}  target"
   )
   for cell, (opted_in, stock_patterns, bound) in TARGETS.items():
+    if not re.search(args.match, cell):
+      continue
     fastest_stock = [
         min(run[cell][pattern] for pattern in stock_patterns)
         for run in runs["stock"]
@@ -473,6 +486,9 @@ def main():
   parser.add_argument("--calls", type=int, default=20)
   parser.add_argument("--batches", type=int, default=10)
   parser.add_argument("--json")
+  parser.add_argument(
+      "--match", default="", help="only the cells whose name matches this"
+  )
   parser.add_argument(
       "--instructions",
       action="store_true",
