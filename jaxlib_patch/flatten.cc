@@ -149,7 +149,7 @@ class Flattener {
  public:
   Flattener(const PyTreeRegistry& registry,
             const std::optional<nb::callable>& leaf_predicate,
-            std::vector<Node>& traversal, nb::list& leaves)
+            Traversal& traversal, nb::list& leaves)
       : registry_(registry),
         leaf_predicate_(leaf_predicate),
         traversal_(traversal),
@@ -376,7 +376,7 @@ class Flattener {
 
   const PyTreeRegistry& registry_;
   const std::optional<nb::callable>& leaf_predicate_;
-  std::vector<Node>& traversal_;
+  Traversal& traversal_;
   nb::list& leaves_;
   std::vector<nb::object> path_;     // Keys from the root; flatten_with_path.
   std::vector<nb::object> pending_;  // Children of custom nodes, in waiting.
@@ -400,7 +400,8 @@ PyTreeDef PyTreeDef::FlattenUnwrapped(
     size_t expected_num_nodes) {
   PyTreeRegistry* registry_ptr = nb::cast<PyTreeRegistry*>(registry);
   PyTreeDef treedef(registry_ptr, nb::borrow(registry));
-  treedef.traversal_.reserve(expected_num_nodes);
+  // At least the root's room: growing from empty costs more than reserving.
+  treedef.traversal_.reserve(std::max<size_t>(expected_num_nodes, 1));
   Flattener<kWithPath>(*registry_ptr, leaf_predicate, treedef.traversal_,
                        leaves)
       .Flatten(tree);

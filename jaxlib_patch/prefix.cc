@@ -99,7 +99,7 @@ class PrefixBroadcast {
   }
 
  private:
-  static void CheckNoExternalReference(const std::vector<Node>& traversal,
+  static void CheckNoExternalReference(const Traversal& traversal,
                                        const char* which) {
     for (size_t i = 0; i < traversal.size(); ++i) {
       if (traversal[i].shared_distance > static_cast<Py_ssize_t>(i)) {
@@ -113,7 +113,7 @@ class PrefixBroadcast {
   }
 
   // leaves_through[i]: how many leaves positions 0..i hold.
-  static void CountLeaves(const std::vector<Node>& traversal,
+  static void CountLeaves(const Traversal& traversal,
                           std::vector<Py_ssize_t>* leaves_through) {
     leaves_through->resize(traversal.size());
     Py_ssize_t count = 0;
@@ -123,7 +123,7 @@ class PrefixBroadcast {
     }
   }
 
-  static Py_ssize_t FirstLeaf(const std::vector<Node>& traversal,
+  static Py_ssize_t FirstLeaf(const Traversal& traversal,
                               const std::vector<Py_ssize_t>& leaves_through,
                               Py_ssize_t position) {
     return leaves_through[position] - traversal[position].num_leaves;
@@ -309,8 +309,8 @@ class PrefixBroadcast {
     throw nb::python_error();
   }
 
-  const std::vector<Node>& full_;
-  const std::vector<Node>& prefix_;
+  const Traversal& full_;
+  const Traversal& prefix_;
   const PyTreeDef& full_def_;
   const PyTreeDef& prefix_def_;
   nb::list prefix_leaves_;

@@ -32,6 +32,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "jaxlib_patch/exceptions.h"
+#include "jaxlib_patch/recycling_allocator.h"
 #include "jaxlib_patch/text.h"
 
 namespace jaxlib_patch {
@@ -160,6 +161,9 @@ struct Node {
 
   bool is_reference() const { return shared_distance != 0; }
 };
+
+// A treedef's nodes, in post-order.
+using Traversal = std::vector<Node, RecyclingAllocator<Node>>;
 
 // Mixes `value` into `seed` (boost's hash_combine).
 inline size_t HashCombine(size_t seed, size_t value) {
@@ -313,7 +317,7 @@ class PyTreeDef {
   int Traverse(visitproc visit, void* arg) const;
   void Clear();
 
-  const std::vector<Node>& traversal() const { return traversal_; }
+  const Traversal& traversal() const { return traversal_; }
   PyTreeRegistry* registry() const;
   const nb::object& registry_ref() const { return registry_ref_; }
 
@@ -342,7 +346,7 @@ class PyTreeDef {
 
   PyTreeRegistry* registry_;
   nb::object registry_ref_;
-  std::vector<Node> traversal_;
+  Traversal traversal_;
   uint64_t origin_;
   // Empty, or one key per node of the traversal: set on the treedefs that
   // `children()` cuts out of a treedef with references, and on those

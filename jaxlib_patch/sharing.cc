@@ -146,8 +146,7 @@ class ExpansionWalk {
 // been met before (both treedefs share there).
 class CommonSharingWalk {
  public:
-  CommonSharingWalk(const PyTreeDef& a, const PyTreeDef& b,
-                    std::vector<Node>& out)
+  CommonSharingWalk(const PyTreeDef& a, const PyTreeDef& b, Traversal& out)
       : a_(a), b_(b), out_(out), path_(a) {}
 
   void Run() { Visit(a_.traversal().size() - 1, b_.traversal().size() - 1); }
@@ -190,7 +189,7 @@ class CommonSharingWalk {
 
   const PyTreeDef& a_;
   const PyTreeDef& b_;
-  std::vector<Node>& out_;
+  Traversal& out_;
   WalkPath path_;
   // Each shareable pair of nodes written so far, by its position in out_.
   tsl::robin_map<std::pair<Py_ssize_t, Py_ssize_t>, Py_ssize_t, PairHash>
@@ -284,7 +283,7 @@ nb::object PyTreeDef::SharingDifference(const PyTreeDef& other) const {
 PyTreeDef PyTreeDef::Unshared() const {
   RequireNoExternalReferences(*this, "unshare");
   PyTreeDef unshared(registry(), registry_ref_);
-  std::vector<Node>& out = unshared.traversal_;
+  Traversal& out = unshared.traversal_;
   // The range of `out` that holds each node's subtree: a reference writes its
   // target's again. In post-order, a node's children are the subtrees
   // written just before it, so its own begins where its first child's does.

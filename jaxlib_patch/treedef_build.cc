@@ -48,7 +48,7 @@ PyTreeDef PyTreeDef::Concatenate(
     PyTreeRegistry* registry, nb::object registry_ref,
     const std::vector<const PyTreeDef*>& children) {
   PyTreeDef result(registry, std::move(registry_ref));
-  std::vector<Node>& out = result.traversal_;
+  Traversal& out = result.traversal_;
   bool keyed = false;
   for (const PyTreeDef* child : children) {
     keyed = keyed || !child->provenance_.empty();
@@ -110,7 +110,7 @@ nb::object PyTreeDef::Compose(const PyTreeDef& inner) const {
   // own shared nodes); references of the outer one are re-aimed at the new
   // positions of their targets.
   PyTreeDef composed(registry_, registry_ref_);
-  std::vector<Node>& out = composed.traversal_;
+  Traversal& out = composed.traversal_;
   std::vector<Py_ssize_t> new_position(traversal_.size());
   for (size_t i = 0; i < traversal_.size(); ++i) {
     const Node& node = traversal_[i];

@@ -84,7 +84,7 @@ namespace {
 // built for an opted-in node is remembered, and every reference to it gets
 // that same object.
 template <typename LeafFn, typename NodeFn>
-nb::object BuildBottomUp(const std::vector<Node>& traversal, LeafFn&& leaf,
+nb::object BuildBottomUp(const Traversal& traversal, LeafFn&& leaf,
                          NodeFn&& node_fn) {
   std::vector<nb::object> agenda;
   // The stack never holds more than every position: one allocation, where
