@@ -386,13 +386,25 @@ def _count_child(python, side, args):
   """Instructions per call of each cell: the child run under callgrind."""
   from count_instructions import callgrind_totals, per_call_counts
 
-  with tempfile.TemporaryFile("w+") as names:
+  argv = _child_argv(python, side, args)
+  with (
+      tempfile.TemporaryDirectory() as cache,
+      tempfile.TemporaryFile("w+") as names,
+  ):
+    # Compiling under valgrind would take tens of minutes: a first run
+    # outside it fills a persistent compilation cache that the counted run
+    # reads.
+    env = dict(
+        os.environ,
+        OPENBLAS_NUM_THREADS="1",
+        PYTHONHASHSEED="0",
+        JAX_COMPILATION_CACHE_DIR=cache,
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+    )
+    subprocess.run(argv, check=True, cwd="/", env=env, capture_output=True)
     totals = callgrind_totals(
-        _child_argv(python, side, args),
-        cwd="/",
-        env=dict(os.environ, OPENBLAS_NUM_THREADS="1", PYTHONHASHSEED="0"),
-        stdout=names,
-        stderr=subprocess.DEVNULL,
+        argv, cwd="/", env=env, stdout=names, stderr=subprocess.DEVNULL
     )
     names.seek(0)
     cells = json.loads(names.read().splitlines()[-1])
