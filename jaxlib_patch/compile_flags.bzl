@@ -50,10 +50,31 @@ DEFINES = ["NB_DOMAIN=jaxlib_patch"]
 
 # JAXLIB_PATCH_ZIG=1: the wheel's build, which build/build.py runs with zig's
 # clang for the stock jaxlib wheel's manylinux tag, libc++ linked statically
-# (build/README.md).  zig's glibc headers define _POSIX_C_SOURCE and
+# (build/README.md).  It executes as few instructions per call as the gcc
+# build only with these (docs/benchmarks.md, "The wheel's build against the
+# gcc build"): zig keeps frame pointers unless told not to, where gcc -O2
+# drops them; and clang -O2 leaves calls that gcc -O2 inlines (libc++'s
+# vector growth, the flatten loop's helpers, the registry lookup), which
+# link-time optimisation across the module's files with a higher inline
+# threshold takes back.  zig's glibc headers define _POSIX_C_SOURCE and
 # _XOPEN_SOURCE to newer values than pyconfig.h: not a defect of ours.
-ZIG_COPTS = ["-Wno-macro-redefined"]
+ZIG_COPTS = [
+    "-Wno-macro-redefined",
+    "-fomit-frame-pointer",
+    "-flto",
+    "-mllvm",
+    "-inline-threshold=600",
+]
 
-# The version script keeps every symbol but PyInit_pytree local, so the
-# module's libc++ cannot clash with another extension's C++ runtime.
-ZIG_LINKOPTS = ["-Wl,--version-script=jaxlib_patch/exports.map"]
+# The code is generated at the link, so the optimisation flags come again.
+# -O2 also makes zig link the release build of its libc++, not the debug one
+# it links when the link names no optimisation level.  The version script
+# keeps every symbol but PyInit_pytree local, so the module's libc++ cannot
+# clash with another extension's C++ runtime.
+ZIG_LINKOPTS = [
+    "-O2",
+    "-flto",
+    "-mllvm",
+    "-inline-threshold=600",
+    "-Wl,--version-script=jaxlib_patch/exports.map",
+]
