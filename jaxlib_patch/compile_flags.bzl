@@ -52,8 +52,34 @@ DEFINES = ["NB_DOMAIN=jaxlib_patch"]
 # clang for the stock jaxlib wheel's manylinux tag, libc++ linked statically
 # (build/README.md).  zig's glibc headers define _POSIX_C_SOURCE and
 # _XOPEN_SOURCE to newer values than pyconfig.h: not a defect of ours.
-ZIG_COPTS = ["-Wno-macro-redefined"]
+# What the other flags do, measured in instructions per call against the gcc
+# build (bench/count_instructions.py; docs/benchmarks.md, "The wheel's build
+# against the gcc build", 144 cells): without them zig runs up to 1.13x gcc's
+# flatten (geometric mean of all cells 1.025x, 52 cells over 1.05x); with all
+# of them flatten is at most 1.01x (geometric mean 0.991x) but 17 cells are
+# still over 1.05x, every one a flatten_up_to: lists and tuples 1.08-1.27x,
+# the opted-in shared layer 1.29x.  Without -flto and the inline threshold
+# (keeping the rest) flatten_up_to of lists and tuples is 1.04-1.15x but
+# flatten is back to 1.07x, 16 cells over.  Each flag's share was not
+# measured apart.  zig's clang keeps frame pointers unless told not to
+# (1,489 functions set one up in the module built without these flags, 7 in
+# gcc's).
+ZIG_COPTS = [
+    "-Wno-macro-redefined",
+    "-fomit-frame-pointer",
+    "-flto",
+    "-mllvm",
+    "-inline-threshold=600",
+]
 
-# The version script keeps every symbol but PyInit_pytree local, so the
-# module's libc++ cannot clash with another extension's C++ runtime.
-ZIG_LINKOPTS = ["-Wl,--version-script=jaxlib_patch/exports.map"]
+# With -flto the code is generated at the link, so the optimisation flags
+# come again there.  The version script keeps every symbol but PyInit_pytree
+# local, so the module's libc++ cannot clash with another extension's C++
+# runtime.
+ZIG_LINKOPTS = [
+    "-O2",
+    "-flto",
+    "-mllvm",
+    "-inline-threshold=600",
+    "-Wl,--version-script=jaxlib_patch/exports.map",
+]
