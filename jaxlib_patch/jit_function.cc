@@ -61,9 +61,15 @@ struct JitFunctionObject {
   // A call whose treedef equals it passes this very object to the dispatch,
   // whose cache then finds its key by identity instead of calling
   // PyTreeDef.__eq__, and no new treedef object is made. Null before the
-  // first call. Read and replaced under the object's critical section, as
-  // `dispatch` is.
+  // first call.
   nb::object last_treedef;
+  // The type of the last dynamic argument found to be a leaf, and the
+  // registry's number of registrations then: while that number stands, no
+  // type has become a node, so a call on arguments of this type (the common
+  // one: jax Arrays) skips the registry lookup. Held, so that no other type
+  // can take its address. Null before the first such call.
+  nb::object leaf_type;
+  size_t leaf_type_registrations = 0;
 };
 
 PyTypeObject* jit_function_type = nullptr;
@@ -153,7 +159,7 @@ nb::tuple SplitStaticArgs(nb::tuple args, nb::dict kwargs,
 
 // Whether every dynamic argument of a call is positional and a leaf of the
 // tracing registry: then the call is one the leaf dispatch takes as it is.
-bool DynamicArgsArePositionalLeaves(const JitFunctionObject* self,
+bool DynamicArgsArePositionalLeaves(JitFunctionObject* self,
                                     PyObject* const* args, Py_ssize_t nargs,
                                     PyObject* kwnames) {
   const Py_ssize_t nkwargs = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
@@ -165,12 +171,18 @@ bool DynamicArgsArePositionalLeaves(const JitFunctionObject* self,
   }
   const PyTreeRegistry& registry =
       *nb::inst_ptr<PyTreeRegistry>(self->registry);
+  const size_t registrations = registry.num_registrations();
   for (Py_ssize_t i = 0; i < nargs; ++i) {
     if (IsStaticPosition(self->static_argnums, i, nargs)) continue;
-    const PyTreeRegistry::Registration* custom = nullptr;
-    if (registry.KindOfType(Py_TYPE(args[i]), &custom) != PyTreeKind::kLeaf) {
-      return false;
+    PyTypeObject* type = Py_TYPE(args[i]);
+    if (self->leaf_type.ptr() == reinterpret_cast<PyObject*>(type) &&
+        self->leaf_type_registrations == registrations) {
+      continue;
     }
+    const PyTreeRegistry::Registration* custom = nullptr;
+    if (registry.KindOfType(type, &custom) != PyTreeKind::kLeaf) return false;
+    self->leaf_type = nb::borrow(reinterpret_cast<PyObject*>(type));
+    self->leaf_type_registrations = registrations;
   }
   return true;
 }
@@ -339,6 +351,7 @@ void JitFunctionDealloc(PyObject* self) {
   o->static_argnums.~vector();
   o->static_argnames.~object();
   o->last_treedef.~object();
+  o->leaf_type.~object();
   type->tp_free(self);
   Py_DECREF(type);
 }
@@ -357,6 +370,7 @@ int JitFunctionTraverse(PyObject* self, visitproc visit, void* arg) {
   Py_VISIT(o->leaf_dispatch.ptr());
   Py_VISIT(o->static_argnames.ptr());
   Py_VISIT(o->last_treedef.ptr());
+  Py_VISIT(o->leaf_type.ptr());
   return 0;
 }
 
@@ -370,6 +384,7 @@ int JitFunctionClear(PyObject* self) {
   o->leaf_dispatch.reset();
   o->static_argnames.reset();
   o->last_treedef.reset();
+  o->leaf_type.reset();
   return 0;
 }
 
@@ -526,6 +541,7 @@ nb::object MakeJitFunction(nb::callable fun, nb::callable make_dispatch,
   new (&o->static_argnums) std::vector<Py_ssize_t>(std::move(static_argnums));
   new (&o->static_argnames) nb::object(std::move(names));
   new (&o->last_treedef) nb::object();
+  new (&o->leaf_type) nb::object();
   return nb::steal(self);
 }
 

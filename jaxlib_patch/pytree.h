@@ -113,6 +113,10 @@ class PyTreeRegistry {
 
   bool IsNode(nb::handle type) const;
 
+  // Registrations are never removed: while this count stands, no type has
+  // changed how it flattens.
+  size_t num_registrations() const { return registrations_.size(); }
+
   // Opts `type` and every subclass of it, registered now or later, in to
   // relative identities. `type` itself need not be registered.
   void OptInRelativeIdentities(nb::handle type);

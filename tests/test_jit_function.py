@@ -277,6 +277,34 @@ def test_calls_on_positional_leaves_take_the_leaf_dispatch_as_they_are():
   assert jitted._cache_size() == 0 and leaf.calls == []
 
 
+def test_a_type_registered_after_calls_on_it_is_a_node_from_then_on():
+  # The front door remembers the last leaf type it saw; a registration in
+  # between must not let an object of that type pass as a leaf.
+  class Late:
+
+    def __init__(self, x):
+      self.x = x
+
+  registry = register_all(pt.PyTreeRegistry(), opt_in=True)
+  leaf = Recorder("leaf result")
+  main = Recorder()
+  jitted = pt.make_jit_function(target, lambda *_: main, registry, [], [], leaf)
+  assert jitted(Late(1), Late(2)) == "leaf result"
+  assert jitted(Late(3)) == "leaf result"  # Remembered as a leaf type.
+  registry.register_node(
+      Late,
+      lambda late: ((late.x,), None),
+      lambda _, children: Late(*children),
+      preserve_relative_identities=True,
+  )
+  shared = Late(4)
+  assert jitted(shared, shared) == "result"
+  (dispatch_args,), _ = main.calls[-1]
+  assert dispatch_args.leaves == [4]  # One node, shared: flattened by us.
+  assert dispatch_args.treedef.has_shared_nodes
+  assert len(leaf.calls) == 2
+
+
 def test_without_a_leaf_dispatch_leaves_take_the_main_one():
   jitted, dispatch = make()
   jitted(1)
