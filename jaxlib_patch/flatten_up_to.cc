@@ -91,6 +91,16 @@ class SharingChecker {
   throw nb::value_error(message.c_str());
 }
 
+[[noreturn]] void ThrowNotNone(nb::handle object) {
+  ThrowMismatch(
+      "Expected None, got " + Repr(object) +
+      ".\n\nIn previous releases of JAX, flatten-up-to used to consider None "
+      "to be a tree-prefix of non-None values. To obtain the previous "
+      "behavior, you can usually write:\n"
+      "  jax.tree.map(lambda x, y: None if x is None else f(x, y), a, b, "
+      "is_leaf=lambda x: x is None)");
+}
+
 // Checks a tuple, list or namedtuple against its node, in stock's words.
 void CheckSequence(nb::handle object, Py_ssize_t arity, bool right_type,
                    const char* type_name, const char* arity_label,
@@ -132,10 +142,47 @@ nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
       sharing->Check(object, i);
       if (node.is_reference()) continue;
     }
-    auto push_items = [&](nb::handle sequence) {
+    // A node whose children are all leaves or None (a flat list, the last
+    // layer of most models) matches its items in place: they need no agenda
+    // round trip and no sharing check.
+    auto flat_children = [&] {
+      if (node.num_nodes != node.arity + 1) return false;
+      if (node.num_leaves == node.arity) return true;
+      for (Py_ssize_t k = i - node.arity; k < i; ++k) {
+        const PyTreeKind kind = traversal_[k].kind;
+        if (kind != PyTreeKind::kLeaf && kind != PyTreeKind::kNone) {
+          return false;
+        }
+      }
+      return true;
+    };
+    // The agenda would check the children from the last: a mismatch reported
+    // is the last one, as there.
+    auto take_flat_children = [&](auto item) {
+      const Node* children = &traversal_[i - node.arity];
+      const bool all_leaves = node.num_leaves == node.arity;
+      Py_ssize_t next_leaf = leaf - node.num_leaves + 1;
+      nb::object not_none;
       for (Py_ssize_t k = 0; k < node.arity; ++k) {
-        agenda.push_back(
-            nb::borrow(PySequence_Fast_GET_ITEM(sequence.ptr(), k)));
+        PyObject* value = item(k);
+        if (all_leaves || children[k].kind == PyTreeKind::kLeaf) {
+          PyList_SET_ITEM(leaves.ptr(), next_leaf++, Py_NewRef(value));
+        } else if (value != Py_None) {
+          not_none = nb::borrow(value);
+        }
+      }
+      if (not_none.is_valid()) ThrowNotNone(not_none);
+      leaf -= node.num_leaves;
+      i -= node.arity;
+    };
+    auto push_items = [&](nb::handle sequence) {
+      PyObject** items = PySequence_Fast_ITEMS(sequence.ptr());
+      if (flat_children()) {
+        take_flat_children([items](Py_ssize_t k) { return items[k]; });
+        return;
+      }
+      for (Py_ssize_t k = 0; k < node.arity; ++k) {
+        agenda.push_back(nb::borrow(items[k]));
       }
     };
     switch (node.kind) {
@@ -143,15 +190,7 @@ nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
         PyList_SET_ITEM(leaves.ptr(), leaf--, object.release().ptr());
         break;
       case PyTreeKind::kNone:
-        if (!object.is_none()) {
-          ThrowMismatch(
-              "Expected None, got " + Repr(object) +
-              ".\n\nIn previous releases of JAX, flatten-up-to used to "
-              "consider None to be a tree-prefix of non-None values. To "
-              "obtain the previous behavior, you can usually write:\n"
-              "  jax.tree.map(lambda x, y: None if x is None else f(x, y), "
-              "a, b, is_leaf=lambda x: x is None)");
-        }
+        if (!object.is_none()) ThrowNotNone(object);
         break;
       case PyTreeKind::kTuple:
         CheckSequence(object, node.arity, PyTuple_CheckExact(object.ptr()),
@@ -175,14 +214,22 @@ nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
                         Repr(ExportedNodeData(node)) +
                         "; present keys: " + Repr(keys) + ".");
         }
-        for (nb::handle key : keys) {
+        auto value_at = [&](Py_ssize_t k) {
+          PyObject* key = PyList_GET_ITEM(keys.ptr(), k);
           // Keys' __hash__/__eq__ may raise, or change the dict.
-          PyObject* value = PyDict_GetItemWithError(object.ptr(), key.ptr());
+          PyObject* value = PyDict_GetItemWithError(object.ptr(), key);
           if (value == nullptr) {
-            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key.ptr());
+            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
             throw nb::python_error();
           }
-          agenda.push_back(nb::borrow(value));
+          return value;
+        };
+        if (flat_children()) {
+          take_flat_children(value_at);
+        } else {
+          for (Py_ssize_t k = 0; k < node.arity; ++k) {
+            agenda.push_back(nb::borrow(value_at(k)));
+          }
         }
         break;
       }
@@ -239,6 +286,11 @@ nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
               "Custom type arity mismatch: " + std::to_string(num_children) +
               " != " + std::to_string(node.arity) + "; value: " + Repr(object) +
               ".");
+        }
+        if (flat_children()) {
+          take_flat_children(
+              [&](Py_ssize_t k) { return agenda[first_child + k].ptr(); });
+          agenda.resize(first_child);
         }
         break;
       }

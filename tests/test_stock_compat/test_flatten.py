@@ -4,7 +4,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from test_stock_compat import strategies as S
-from test_stock_compat.strategies import KeyedNode, SentinelLeaf
+from test_stock_compat.strategies import KeyedNode, PlainNode, SentinelLeaf
 from test_stock_compat.describe import NAMEDTUPLES
 from test_stock_compat.deviations import sort_order_is_an_artifact
 from test_stock_compat.compare import PROPERTY, both, check_hash_consistency
@@ -149,6 +149,53 @@ def test_flatten_up_to(data, tree, flavour, how):
 
   def op(side):
     out = treedef_of(side, flavour, tree).flatten_up_to(full)
+    return [id(x) for x in out], out
+
+  both("flatten_up_to", op)
+
+
+FLAT_CONTAINERS = {
+    "list": list,
+    "tuple": tuple,
+    "dict": lambda items: {f"k{i}": x for i, x in enumerate(items)},
+    "PlainNode": lambda items: PlainNode(list(items), "flat"),
+    "KeyedNode": lambda items: KeyedNode(tuple(items), "flat"),
+}
+
+
+@PROPERTY
+@given(
+    data=st.data(),
+    container=st.sampled_from(sorted(FLAT_CONTAINERS)),
+    flavour=S.flavours,
+    none_positions=st.lists(st.booleans(), max_size=12),
+    depth=st.integers(0, 2),
+)
+def test_flatten_up_to_flat_layer(
+    data, container, flavour, none_positions, depth
+):
+  """flatten_up_to on a container whose children are all leaves or None (the
+  layer it matches in place): each None of the treedef independently kept or
+  replaced, each leaf replaced by a subtree, the layer nested or not; the same
+  subtrees or the same error (the same one of several mismatches) as stock."""
+  make = FLAT_CONTAINERS[container]
+  prefix = make([None if is_none else 0 for is_none in none_positions])
+  items = []
+  for is_none in none_positions:
+    if is_none:
+      items.append(
+          data.draw(
+              st.sampled_from([None, None, 1, (), [None]]), label="at a None"
+          )
+      )
+    else:
+      items.append(data.draw(S.trees(max_leaves=3), label="at a leaf"))
+  full = make(items)
+  for _ in range(depth):
+    prefix, full = [prefix, 0], [full, 7]
+
+  def op(side):
+    out = treedef_of(side, flavour, prefix).flatten_up_to(full)
     return [id(x) for x in out], out
 
   both("flatten_up_to", op)
