@@ -14,9 +14,10 @@ in stock's module and in ours, and their ratio; then the grid's targets as `benc
 cell at most 1.0x, geometric mean at most 0.6x, the opted-in model without
 sharing at most 1.0x) for the cells counted.
 
-Method: collection is off except inside libc's `qsort_r`, whose comparator is
-a ctypes callback that makes the calls; callgrind dumps its counters as each
-`qsort_r` returns. Per cell and library: one warm-up call, a run of no calls
+Method: collection is off except inside the measured runs: a C function of
+the harness's own (measured_run.c, compiled on first use with `$CC` or `cc`
+against valgrind's headers) turns it on, calls a ctypes callback that makes
+the calls, turns it off and has callgrind dump its counters. Per cell and library: one warm-up call, a run of no calls
 (the callback's own cost), then `N` calls; the per-call count is the
 difference over `N`. `N` is chosen so that each run covers about `--leaves`
 leaves (at least 3 calls). The module measured as ours is whatever
@@ -27,6 +28,7 @@ wheel's, say) to count that one.
 import argparse
 import ctypes
 import glob
+import hashlib
 import json
 import math
 import os
@@ -65,30 +67,52 @@ def parse_args(argv):
 # The child: runs under callgrind and makes the calls.
 
 
-def run_inside_qsort(fn, calls):
-  """Calls `fn` `calls` times from inside libc's qsort_r (where callgrind
-  collects)."""
-  libc = ctypes.CDLL(None)
-  compare_type = ctypes.CFUNCTYPE(
-      ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p
-  )
+MEASURED_RUN = "jaxlib_patch_measured_run"
 
-  def compare(_a, _b):
+
+def measured_run_library():
+  """The shared library of measured_run.c, compiled once per source text
+  (the parent compiles it before valgrind starts the child)."""
+  with open(os.path.join(HERE, "measured_run.c"), "rb") as f:
+    source = f.read()
+  digest = hashlib.sha256(source).hexdigest()[:16]
+  path = os.path.join(tempfile.gettempdir(), f"measured_run-{digest}.so")
+  if not os.path.exists(path):
+    partial = f"{path}.{os.getpid()}"
+    subprocess.run(
+        [
+            os.environ.get("CC", "cc"),
+            "-O1",
+            "-shared",
+            "-fPIC",
+            "-o",
+            partial,
+            os.path.join(HERE, "measured_run.c"),
+        ],
+        check=True,
+    )
+    os.replace(partial, path)
+  return path
+
+
+def run_measured(fn, calls):
+  """Calls `fn` `calls` times in one measured run (where callgrind
+  collects)."""
+  measured_run = getattr(ctypes.CDLL(measured_run_library()), MEASURED_RUN)
+
+  def run():
     for _ in range(calls):
       fn()
-    return 0
 
-  callback = compare_type(compare)
-  items = (ctypes.c_int * 2)(1, 2)
-  libc.qsort(items, 2, ctypes.sizeof(ctypes.c_int), callback)
+  measured_run(ctypes.CFUNCTYPE(None)(run))
 
 
-def measure_inside_qsort(fn, calls):
-  """The three runs of one cell that `counts_per_call` reads: a warm-up
+def measure_runs(fn, calls):
+  """The three runs of one cell that `per_call_counts` reads: a warm-up
   call, no calls (the callback's own cost), then `calls` calls."""
-  run_inside_qsort(fn, 1)
-  run_inside_qsort(fn, 0)
-  run_inside_qsort(fn, calls)
+  run_measured(fn, 1)
+  run_measured(fn, 0)
+  run_measured(fn, calls)
 
 
 def matching_cells(pattern):
@@ -117,7 +141,7 @@ def child(plan_path):
     pattern, plan = json.load(f)
   cells = matching_cells(re.compile(pattern))
   for workload, op, library, calls in plan:
-    measure_inside_qsort(cells[workload, op, library], calls)
+    measure_runs(cells[workload, op, library], calls)
 
 
 # --------------------------------------------------------------------------
@@ -158,8 +182,9 @@ def dump_totals(directory):
 
 
 def callgrind_totals(argv, **run_options):
-  """Runs the child `argv` under callgrind, collecting only inside qsort_r
-  and dumping as each returns; the dumps' totals, in order."""
+  """Runs the child `argv` under callgrind, collecting only inside the
+  measured runs, which dump as each returns; the dumps' totals, in order."""
+  measured_run_library()
   with tempfile.TemporaryDirectory() as directory:
     subprocess.run(
         [
@@ -167,8 +192,6 @@ def callgrind_totals(argv, **run_options):
             "--tool=callgrind",
             f"--callgrind-out-file={directory}/out",
             "--collect-atstart=no",
-            "--toggle-collect=qsort_r",
-            "--dump-after=qsort_r",
             *argv,
         ],
         check=True,
@@ -179,14 +202,12 @@ def callgrind_totals(argv, **run_options):
 
 def per_call_counts(totals, calls):
   """Each cell's instructions per call, from the dumps of a child that made
-  `measure_inside_qsort`'s runs for one cell after another, `calls[i]`
-  measured calls for cell i."""
-  # The last three dumps per cell are the cells' (imports may sort before).
-  ours = totals[len(totals) - 3 * len(calls) :]
-  if len(ours) < 3 * len(calls):
+  `measure_runs`'s runs for one cell after another, `calls[i]` measured
+  calls for cell i."""
+  if len(totals) != 3 * len(calls):
     sys.exit(f"{len(totals)} callgrind dumps for {len(calls)} cells")
   per_call = [
-      (ours[3 * i + 2] - ours[3 * i + 1]) / n for i, n in enumerate(calls)
+      (totals[3 * i + 2] - totals[3 * i + 1]) / n for i, n in enumerate(calls)
   ]
   if min(per_call) <= 0:
     sys.exit(f"the callgrind dumps are not the cells' runs: {totals}")

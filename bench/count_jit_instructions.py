@@ -11,8 +11,8 @@ made once), inline (``jax.jit(g)(x)`` on the same array, a new ``jax.jit``
 object at every call) and dict (``f(d)`` on a dict of 100 ``float32[8]``).
 
 Method (count_instructions.py's): each side runs in its own process under
-valgrind's callgrind, collecting only inside libc's ``qsort_r``, whose
-comparator makes the calls; per case one warm-up call, a run of no calls and
+valgrind's callgrind, collecting only inside the harness's own trigger
+function, whose callback makes the calls; per case one warm-up call, a run of no calls and
 a run of ``--calls`` calls; the per-call count is the difference of the last
 two over ``--calls``. The garbage collector is off, BLAS runs one thread and
 the hash seed is fixed, so that the counts repeat.
@@ -25,7 +25,7 @@ import pathlib
 import subprocess
 
 import interpreters
-from count_instructions import callgrind_totals, measure_inside_qsort, per_call_counts
+from count_instructions import callgrind_totals, measure_runs, per_call_counts
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CASES = ("hoisted", "inline", "dict")
@@ -53,11 +53,8 @@ def child_main(calls):
     jax.block_until_ready(call())
   gc.disable()
   for case in CASES:
-    measure_inside_qsort(calls_of[case], calls)
+    measure_runs(calls_of[case], calls)
     jax.block_until_ready(calls_of[case]())
-  # Interpreter shutdown sorts with qsort_r too, and its dumps would follow
-  # the cases'.
-  os._exit(0)
 
 
 def count(python, calls):
