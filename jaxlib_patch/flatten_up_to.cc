@@ -45,6 +45,11 @@ class SharingChecker {
                              " refers to a shared node outside of it.")
                                 .c_str());
     }
+    Claim& claim = claims_[canonical];
+    // A claim is made only once the object's owner is known to be this
+    // canonical index: a repeat (another reference to a shared node) needs
+    // no lookup.
+    if (claim.object.is(obj)) return;
     const Py_ssize_t owner = owners_.FindOrInsert(obj, canonical);
     if (owner != canonical) {
       throw nb::value_error(
@@ -56,16 +61,14 @@ class SharingChecker {
            ", where the PyTreeDef has two separate nodes." + kHint)
               .c_str());
     }
-    Claim& claim = claims_[canonical];
-    if (!claim.object.is_valid()) {
-      claim = Claim{obj, position};
-    } else if (!claim.object.is(obj)) {
+    if (claim.object.is_valid()) {
       throw nb::value_error(
           ("PyTree sharing mismatch: the PyTreeDef shares the node at " +
            Path(position) + " with the one at " + Path(claim.position) +
            ", but the tree holds different objects there." + kHint)
               .c_str());
     }
+    claim = Claim{obj, position};
   }
 
  private:
