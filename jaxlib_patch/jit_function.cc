@@ -44,6 +44,9 @@ struct JitFunctionObject {
   nb::object fun;
   nb::object make_dispatch;
   nb::object registry;
+  // The C++ object of `registry`, looked up once: nb::inst_ptr is an
+  // out-of-line call, and the leaf check runs on every call.
+  const PyTreeRegistry* registry_instance = nullptr;
   // The stock dispatch, built by `make_dispatch` when first needed: a
   // function called only on leaves never needs it, and `jax.jit(f)(x)`
   // written inline builds a jitted function per call. Null until then.
@@ -169,8 +172,7 @@ bool DynamicArgsArePositionalLeaves(JitFunctionObject* self,
       return false;
     }
   }
-  const PyTreeRegistry& registry =
-      *nb::inst_ptr<PyTreeRegistry>(self->registry);
+  const PyTreeRegistry& registry = *self->registry_instance;
   const size_t registrations = registry.num_registrations();
   for (Py_ssize_t i = 0; i < nargs; ++i) {
     if (IsStaticPosition(self->static_argnums, i, nargs)) continue;
@@ -220,13 +222,6 @@ nb::object Dispatch(JitFunctionObject* self) {
 nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
                            size_t nargsf, PyObject* kwnames) {
   const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-  if (self->leaf_dispatch.is_valid() &&
-      DynamicArgsArePositionalLeaves(self, args, nargs, kwnames)) {
-    PyObject* result =
-        PyObject_Vectorcall(self->leaf_dispatch.ptr(), args, nargsf, kwnames);
-    if (result == nullptr) throw nb::python_error();
-    return nb::steal(result);
-  }
   const Py_ssize_t nkwargs = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
   nb::object call_args = nb::steal(PyTuple_New(nargs));
   if (!call_args.is_valid()) throw nb::python_error();
@@ -327,7 +322,16 @@ nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
 
 PyObject* JitFunctionVectorcall(PyObject* callable, PyObject* const* args,
                                 size_t nargsf, PyObject* kwnames) {
+  auto* self = reinterpret_cast<JitFunctionObject*>(callable);
   try {
+    // The calls on leaves go to the leaf dispatch before anything else
+    // runs: on them the front door costs only this check.
+    if (self->leaf_dispatch.is_valid() &&
+        DynamicArgsArePositionalLeaves(self, args, PyVectorcall_NARGS(nargsf),
+                                       kwnames)) {
+      return PyObject_Vectorcall(self->leaf_dispatch.ptr(), args, nargsf,
+                                 kwnames);
+    }
     return CallJitFunction(Self(callable), args, nargsf, kwnames)
         .release()
         .ptr();
@@ -536,6 +540,7 @@ nb::object MakeJitFunction(nb::callable fun, nb::callable make_dispatch,
   new (&o->make_dispatch) nb::object(std::move(make_dispatch));
   new (&o->dispatch) nb::object();
   new (&o->registry) nb::object(nb::borrow(registry));
+  o->registry_instance = nb::inst_ptr<PyTreeRegistry>(registry);
   new (&o->leaf_dispatch)
       nb::object(leaf_dispatch ? std::move(*leaf_dispatch) : nb::object());
   new (&o->static_argnums) std::vector<Py_ssize_t>(std::move(static_argnums));
