@@ -20,7 +20,7 @@ against valgrind's headers) turns it on, calls a ctypes callback that makes
 the calls, turns it off and has callgrind dump its counters. Per cell and library: one warm-up call, a run of no calls
 (the callback's own cost), then `N` calls; the per-call count is the
 difference over `N`. `N` is chosen so that each run covers about `--leaves`
-leaves (at least 3 calls). The module measured as ours is whatever
+nodes (at least one call). The module measured as ours is whatever
 `import jaxlib_patch.pytree` finds: point PYTHONPATH at another build (the
 wheel's, say) to count that one.
 """
@@ -56,9 +56,18 @@ def parse_args(argv):
       "--leaves",
       type=int,
       default=20_000,
-      help="leaves each measured run covers (default 20,000)",
+      help="nodes each measured run covers, in one call at least "
+      "(default 20,000)",
   )
   parser.add_argument("--json", metavar="PATH", help="also write JSON")
+  parser.add_argument(
+      "--compare",
+      nargs=2,
+      metavar=("BASE.json", "OTHER.json"),
+      help="count nothing: compare two --json outputs, the wheel's build "
+      "(OTHER) against the gcc build (BASE), cell by cell (target: within "
+      "5%%)",
+  )
   parser.add_argument("--child", metavar="PLAN", help=argparse.SUPPRESS)
   return parser.parse_args(argv)
 
@@ -155,8 +164,10 @@ def plan_cells(args):
   for workload, op, library in cells:
     if op not in ops:
       continue
-    leaves = len(cells[workload, "flatten", "stock"]()[0])
-    plan.append((workload, op, library, max(3, args.leaves // max(1, leaves))))
+    # Nodes, not leaves: a tree of 10,000 None has no leaf, and 10,000
+    # nodes to walk.
+    nodes = cells[workload, "flatten", "stock"]()[1].num_nodes
+    plan.append((workload, op, library, max(1, args.leaves // nodes)))
   return plan
 
 
@@ -276,10 +287,50 @@ def report(per_call):
   return "\n".join(lines), summary, rows
 
 
+def compare(base_path, other_path, bound=1.05):
+  """Our instructions per call in two builds, cell by cell: the lines of a
+  table, and the summary against `bound`."""
+
+  def ours(path):
+    with open(path) as f:
+      cells = json.load(f)["cells"]
+    return {(c["workload"], c["op"], c["library"]): c["ours"] for c in cells}
+
+  base, other = ours(base_path), ours(other_path)
+  lines = [
+      "| workload | op | base | other | other/base |",
+      "|---|---|---|---|---|",
+  ]
+  ratios, over = [], []
+  for key in [key for key in base if key in other]:
+    workload, op, library = key
+    ratio = other[key] / base[key]
+    ratios.append(ratio)
+    label = workload + (" (opted in)" if library == "opt-in" else "")
+    lines.append(
+        f"| {label} | {op} | {base[key]:,.0f} | {other[key]:,.0f} | "
+        f"{ratio:.3f}x |"
+    )
+    if ratio > bound:
+      over.append(f"OVER  {label} {op}: {ratio:.3f}x")
+  geomean = math.exp(sum(map(math.log, ratios)) / len(ratios))
+  summary = [
+      f"cells in both: {len(ratios)}, worst {max(ratios):.3f}x, geometric "
+      f"mean {geomean:.3f}x; {len(over)} over {bound:.2f}x (target, none "
+      f"over: {'met' if not over else 'NOT met'})",
+      *sorted(over),
+  ]
+  return lines, summary
+
+
 def main(argv=None):
   args = parse_args(argv)
   if args.child:
     child(args.child)
+    return 0
+  if args.compare:
+    lines, summary = compare(*args.compare)
+    print("\n".join(lines + [""] + summary))
     return 0
   plan = plan_cells(args)
   if not plan:
