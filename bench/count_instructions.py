@@ -17,16 +17,18 @@ sharing at most 1.0x) for the cells counted.
 Method: collection is off except inside the measured runs: a C function of
 the harness's own (measured_run.c, compiled on first use with `$CC` or `cc`
 against valgrind's headers) turns it on, calls a ctypes callback that makes
-the calls, turns it off and has callgrind dump its counters. Per cell and library: one warm-up call, a run of no calls
-(the callback's own cost), then `N` calls; the per-call count is the
-difference over `N`. `N` is chosen so that each run covers about `--leaves`
-nodes (at least one call). The module measured as ours is whatever
+the calls, turns it off and has callgrind dump its counters. Per cell and
+library: one warm-up call, a run of no calls (the callback's own cost), then
+`N` calls; the per-call count is the difference over `N`. `N` is chosen so
+that each run covers about `--leaves` nodes (at least one call). The garbage
+collector is off, as in timeit. The module measured as ours is whatever
 `import jaxlib_patch.pytree` finds: point PYTHONPATH at another build (the
 wheel's, say) to count that one.
 """
 
 import argparse
 import ctypes
+import gc
 import glob
 import hashlib
 import json
@@ -149,6 +151,10 @@ def child(plan_path):
   with open(plan_path) as f:
     pattern, plan = json.load(f)
   cells = matching_cells(re.compile(pattern))
+  # As timeit does: a collection that falls into a run would walk every
+  # tree of the grid, on whichever side reached the threshold.
+  gc.collect()
+  gc.disable()
   for workload, op, library, calls in plan:
     measure_runs(cells[workload, op, library], calls)
 
