@@ -4,6 +4,7 @@ Usage::
 
     python bench/count_instructions.py [--match REGEX] [--ops OP,...]
         [--leaves N] [--json out.json]
+    python bench/count_instructions.py --compare gcc.json wheel.json
 
 Timings on a loaded machine swing by several times between neighbouring
 cells; instruction counts do not. This runs the workloads of
