@@ -120,11 +120,50 @@ void CheckSequence(nb::handle object, Py_ssize_t arity, bool right_type,
   }
 }
 
+// Whether a node's children (the nodes just before it in the traversal) are
+// all leaves or None: a flat list, the last layer of most models.
+// flatten_up_to matches those in place, with no agenda round trip.
+bool HasFlatChildren(const Node& node) {
+  if (node.num_nodes != node.arity + 1) return false;
+  if (node.num_leaves == node.arity) return true;
+  const Node* children = &node - node.arity;
+  for (Py_ssize_t k = 0; k < node.arity; ++k) {
+    if (children[k].kind != PyTreeKind::kLeaf &&
+        children[k].kind != PyTreeKind::kNone) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Matches the items of a node with flat children: `item_at(k)` is the k-th,
+// borrowed. Its leaves go to `slots`, the result's items from the node's
+// first leaf on. The agenda would check the children from the last, so the
+// mismatch reported is the last one, as there.
+template <typename ItemAt>
+void TakeFlatChildren(const Node& node, ItemAt item_at, PyObject** slots) {
+  const Node* children = &node - node.arity;
+  const bool all_leaves = node.num_leaves == node.arity;
+  PyObject* not_none = nullptr;
+  for (Py_ssize_t k = 0; k < node.arity; ++k) {
+    PyObject* item = item_at(k);
+    if (all_leaves || children[k].kind == PyTreeKind::kLeaf) {
+      *slots++ = Py_NewRef(item);
+    } else if (item != Py_None) {
+      not_none = item;
+    }
+  }
+  if (not_none != nullptr) ThrowNotNone(nb::handle(not_none));
+}
+
 }  // namespace
 
 nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
   const Py_ssize_t total_leaves = num_leaves();
   nb::list leaves = nb::steal<nb::list>(PyList_New(total_leaves));
+  // Filled from the last leaf; every slot is set once, so the list is never
+  // resized and the pointer holds.
+  PyObject** slots = PySequence_Fast_ITEMS(leaves.ptr());
   Py_ssize_t leaf = total_leaves - 1;
   std::vector<nb::object> agenda;
   // A matching tree pushes one object per node, so this is the most the
@@ -145,65 +184,34 @@ nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
       sharing->Check(object, i);
       if (node.is_reference()) continue;
     }
-    // A node whose children are all leaves or None (a flat list, the last
-    // layer of most models) matches its items in place: they need no agenda
-    // round trip and no sharing check.
-    auto flat_children = [&] {
-      if (node.num_nodes != node.arity + 1) return false;
-      if (node.num_leaves == node.arity) return true;
-      for (Py_ssize_t k = i - node.arity; k < i; ++k) {
-        const PyTreeKind kind = traversal_[k].kind;
-        if (kind != PyTreeKind::kLeaf && kind != PyTreeKind::kNone) {
-          return false;
-        }
-      }
-      return true;
-    };
-    // The agenda would check the children from the last: a mismatch reported
-    // is the last one, as there.
-    auto take_flat_children = [&](auto item) {
-      const Node* children = &traversal_[i - node.arity];
-      const bool all_leaves = node.num_leaves == node.arity;
-      Py_ssize_t next_leaf = leaf - node.num_leaves + 1;
-      nb::object not_none;
-      for (Py_ssize_t k = 0; k < node.arity; ++k) {
-        PyObject* value = item(k);
-        if (all_leaves || children[k].kind == PyTreeKind::kLeaf) {
-          PyList_SET_ITEM(leaves.ptr(), next_leaf++, Py_NewRef(value));
-        } else if (value != Py_None) {
-          not_none = nb::borrow(value);
-        }
-      }
-      if (not_none.is_valid()) ThrowNotNone(not_none);
-      leaf -= node.num_leaves;
-      i -= node.arity;
-    };
-    auto push_items = [&](nb::handle sequence) {
-      PyObject** items = PySequence_Fast_ITEMS(sequence.ptr());
-      if (flat_children()) {
-        take_flat_children([items](Py_ssize_t k) { return items[k]; });
-        return;
-      }
-      for (Py_ssize_t k = 0; k < node.arity; ++k) {
-        agenda.push_back(nb::borrow(items[k]));
-      }
-    };
+    PyObject** items = nullptr;  // A tuple's, list's or named tuple's.
     switch (node.kind) {
-      case PyTreeKind::kLeaf:
-        PyList_SET_ITEM(leaves.ptr(), leaf--, object.release().ptr());
-        break;
+      case PyTreeKind::kLeaf: slots[leaf--] = object.release().ptr(); continue;
       case PyTreeKind::kNone:
         if (!object.is_none()) ThrowNotNone(object);
-        break;
+        continue;
       case PyTreeKind::kTuple:
         CheckSequence(object, node.arity, PyTuple_CheckExact(object.ptr()),
                       "tuple", "Tuple", "tuple");
-        push_items(object);
+        items = PySequence_Fast_ITEMS(object.ptr());
         break;
       case PyTreeKind::kList:
         CheckSequence(object, node.arity, PyList_CheckExact(object.ptr()),
                       "list", "List", "list");
-        push_items(object);
+        items = PySequence_Fast_ITEMS(object.ptr());
+        break;
+      case PyTreeKind::kNamedTuple:
+        CheckSequence(
+            object, node.arity,
+            PyTuple_Check(object.ptr()) && nb::hasattr(object, "_fields"),
+            "named tuple", "Named tuple", "tuple");
+        if (!node.node_data.is(nb::handle(
+                reinterpret_cast<PyObject*>(Py_TYPE(object.ptr()))))) {
+          ThrowMismatch("Named tuple type mismatch: expected type: " +
+                        Repr(node.node_data) + ", tuple: " + Repr(object) +
+                        ".");
+        }
+        items = PySequence_Fast_ITEMS(object.ptr());
         break;
       case PyTreeKind::kDict: {
         if (!PyDict_CheckExact(object.ptr())) {
@@ -227,28 +235,17 @@ nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
           }
           return value;
         };
-        if (flat_children()) {
-          take_flat_children(value_at);
+        if (HasFlatChildren(node)) {
+          TakeFlatChildren(node, value_at, &slots[leaf - node.num_leaves + 1]);
+          leaf -= node.num_leaves;
+          i -= node.arity;
         } else {
           for (Py_ssize_t k = 0; k < node.arity; ++k) {
             agenda.push_back(nb::borrow(value_at(k)));
           }
         }
-        break;
+        continue;
       }
-      case PyTreeKind::kNamedTuple:
-        CheckSequence(
-            object, node.arity,
-            PyTuple_Check(object.ptr()) && nb::hasattr(object, "_fields"),
-            "named tuple", "Named tuple", "tuple");
-        if (!node.node_data.is(nb::handle(
-                reinterpret_cast<PyObject*>(Py_TYPE(object.ptr()))))) {
-          ThrowMismatch("Named tuple type mismatch: expected type: " +
-                        Repr(node.node_data) + ", tuple: " + Repr(object) +
-                        ".");
-        }
-        push_items(object);
-        break;
       case PyTreeKind::kCustom:
       case PyTreeKind::kDataclass: {
         const bool dataclass = node.kind == PyTreeKind::kDataclass;
@@ -290,12 +287,28 @@ nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
               " != " + std::to_string(node.arity) + "; value: " + Repr(object) +
               ".");
         }
-        if (flat_children()) {
-          take_flat_children(
-              [&](Py_ssize_t k) { return agenda[first_child + k].ptr(); });
+        if (HasFlatChildren(node)) {
+          const nb::object* children = &agenda[first_child];
+          TakeFlatChildren(
+              node, [children](Py_ssize_t k) { return children[k].ptr(); },
+              &slots[leaf - node.num_leaves + 1]);
+          leaf -= node.num_leaves;
+          i -= node.arity;
           agenda.resize(first_child);
         }
-        break;
+        continue;
+      }
+    }
+    // A tuple, list or named tuple: every other kind continues above.
+    if (HasFlatChildren(node)) {
+      TakeFlatChildren(
+          node, [items](Py_ssize_t k) { return items[k]; },
+          &slots[leaf - node.num_leaves + 1]);
+      leaf -= node.num_leaves;
+      i -= node.arity;
+    } else {
+      for (Py_ssize_t k = 0; k < node.arity; ++k) {
+        agenda.push_back(nb::borrow(items[k]));
       }
     }
   }
