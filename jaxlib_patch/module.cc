@@ -2,6 +2,8 @@
 // jaxlib._jax.pytree (names, signatures, defaults), plus the keyword-only
 // `preserve_relative_identities` flag and the SharedReference marker.
 
+#include <new>
+
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
@@ -51,7 +53,14 @@ nb::handle default_registry_ref;
 }  // namespace
 
 nb::object WrapTreeDef(PyTreeDef&& treedef) {
-  return nb::cast(std::move(treedef));
+  // Every flatten makes one of these: the type is looked up once, not by
+  // typeid on each call as nb::cast does, and the treedef is moved straight
+  // into the new instance.
+  static const nb::handle type = nb::type<PyTreeDef>();
+  nb::object self = nb::inst_alloc(type);
+  new (nb::inst_ptr<PyTreeDef>(self)) PyTreeDef(std::move(treedef));
+  nb::inst_mark_ready(self);
+  return self;
 }
 
 NB_MODULE(pytree, m) {
