@@ -16,12 +16,20 @@ function, whose callback makes the calls; per case one warm-up call, a run of no
 a run of ``--calls`` calls; the per-call count is the difference of the last
 two over ``--calls``. The garbage collector is off, BLAS runs one thread and
 the hash seed is fixed, so that the counts repeat.
+
+A count still depends on where earlier allocations left the heap: glibc's
+free lists and the pointer-keyed maps of jaxlib cost a little more or less
+from one layout to the next, by about 200 instructions a cached call, on
+either side. With ``--heap-states N`` each side runs N times, the k-th child
+first allocating and keeping k thousand small objects, and each case
+reports the median over those runs.
 """
 
 import argparse
 import json
 import os
 import pathlib
+import statistics
 import subprocess
 
 import interpreters
@@ -31,8 +39,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 CASES = ("hoisted", "inline", "dict")
 
 
-def child_main(calls):
+def child_main(calls, heap_state):
   import gc
+
+  # Kept alive to the end: it moves every later allocation.
+  heap_padding = [bytearray(64) for _ in range(1000 * heap_state)]
 
   import jax
   import jax.numpy as jnp
@@ -57,10 +68,17 @@ def child_main(calls):
     jax.block_until_ready(calls_of[case]())
 
 
-def count(python, calls):
+def count(python, calls, heap_state):
   """Instructions per call of each case under `python`."""
   totals = callgrind_totals(
-      [python, os.path.abspath(__file__), "--child", str(calls)],
+      [
+          python,
+          os.path.abspath(__file__),
+          "--child",
+          str(calls),
+          "--child-heap-state",
+          str(heap_state),
+      ],
       cwd="/",
       env=dict(
           os.environ,
@@ -74,18 +92,33 @@ def count(python, calls):
   return dict(zip(CASES, per_call_counts(totals, [calls] * len(CASES))))
 
 
+def median_count(python, calls, heap_states):
+  """Each case's median instructions per call over `heap_states` children."""
+  runs = [count(python, calls, k) for k in range(heap_states)]
+  return {case: statistics.median(run[case] for run in runs) for case in CASES}
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   interpreters.add_arguments(parser)
   parser.add_argument("--calls", type=int, default=2000)
+  parser.add_argument(
+      "--heap-states",
+      type=int,
+      default=1,
+      help="children per side, each from another heap layout (median)",
+  )
   parser.add_argument("--json")
   parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+  parser.add_argument(
+      "--child-heap-state", type=int, default=0, help=argparse.SUPPRESS
+  )
   args = parser.parse_args()
   if args.child is not None:
-    child_main(args.child)
+    child_main(args.child, args.child_heap_state)
     return
-  stock = count(args.stock_python, args.calls)
-  patched = count(args.patched_python, args.calls)
+  stock = median_count(args.stock_python, args.calls, args.heap_states)
+  patched = median_count(args.patched_python, args.calls, args.heap_states)
   print("| case | stock instructions per call | patched | patched/stock |")
   print("|---|---|---|---|")
   report = {}
