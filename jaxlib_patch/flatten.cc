@@ -2,6 +2,7 @@
 // apart of one node that the other flattens share (flatten_common.h).
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -192,8 +193,17 @@ class Flattener {
       return;
     }
     RecursionGuard guard(" in flatten", stack_limit_);
-    const bool preserves_identity = KeepsIdentity(node.custom);
-    if (preserves_identity && AddReferenceIfSeen(obj)) return;
+    IdentityScope* scope = nullptr;  // Set for an opted-in node.
+    size_t identity_slot = 0;
+    if (KeepsIdentity(node.custom)) {
+      scope = &scope_.Get();
+      const IdentityScope::Entry entry = scope->Enter(obj);
+      if (!entry.first) {
+        AddReference(obj, scope->IndexAt(entry.slot));
+        return;
+      }
+      identity_slot = entry.slot;
+    }
 
     const Py_ssize_t start_nodes = traversal_.size();
     const Py_ssize_t start_leaves = PyList_GET_SIZE(leaves_.ptr());
@@ -304,7 +314,7 @@ class Flattener {
     node.num_nodes = traversal_.size() - start_nodes + 1;
     node.num_leaves = PyList_GET_SIZE(leaves_.ptr()) - start_leaves;
     traversal_.push_back(std::move(node));
-    if (preserves_identity) scope_->Finish(obj, traversal_.size() - 1);
+    if (scope != nullptr) scope->Finish(identity_slot, traversal_.size() - 1);
   }
 
  private:
@@ -316,23 +326,19 @@ class Flattener {
     }
   }
 
-  // For an opted-in `obj` met before in this flatten, appends a reference to
-  // its first occurrence and returns true.
-  bool AddReferenceIfSeen(nb::handle obj) {
-    if (!scope_) scope_.emplace();
-    std::optional<Py_ssize_t> seen = scope_->FindOrStart(obj);
-    if (!seen) return false;
-    if (*seen == IdentityScope::kInProgress) {
+  // Appends a reference to the first occurrence of `obj`, an opted-in object
+  // met before in this flatten, at traversal index `seen`.
+  void AddReference(nb::handle obj, Py_ssize_t seen) {
+    if (seen == IdentityScope::kInProgress) {
       throw nb::value_error(CycleMessage(obj).c_str());
     }
-    const Node& target = traversal_[*seen];
+    const Node& target = traversal_[seen];
     Node reference;
     reference.kind = target.kind;
     reference.custom = target.custom;
     reference.num_nodes = 1;
-    reference.shared_distance = traversal_.size() - *seen;
+    reference.shared_distance = traversal_.size() - seen;
     traversal_.push_back(std::move(reference));
-    return true;
   }
 
   // Room for a node's children and itself at once, growing geometrically:
@@ -380,7 +386,7 @@ class Flattener {
   nb::list& leaves_;
   std::vector<nb::object> path_;     // Keys from the root; flatten_with_path.
   std::vector<nb::object> pending_;  // Children of custom nodes, in waiting.
-  std::optional<IdentityScope> scope_;  // Created at the first opted-in node.
+  IdentityScopeLease scope_;         // Taken at the first opted-in node.
   const uintptr_t stack_limit_ = RecursionGuard::StackLimit();
   // The type of the last leaf that took the whole way (see Flatten); the
   // registry's registrations are not expected to change mid-flatten.

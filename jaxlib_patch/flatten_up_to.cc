@@ -33,7 +33,7 @@ class SharingChecker {
     for (const Node& node : treedef.traversal()) {
       first_occurrences += KeepsIdentity(node.custom) && !node.is_reference();
     }
-    owners_.Reserve(first_occurrences);
+    owners_.Get().Reserve(first_occurrences);
   }
 
   void Check(nb::handle obj, Py_ssize_t position) {
@@ -50,7 +50,7 @@ class SharingChecker {
     // canonical index: a repeat (another reference to a shared node) needs
     // no lookup.
     if (claim.object.is(obj)) return;
-    const Py_ssize_t owner = owners_.FindOrInsert(obj, canonical);
+    const Py_ssize_t owner = owners_.Get().FindOrInsert(obj, canonical);
     if (owner != canonical) {
       throw nb::value_error(
           ("PyTree sharing mismatch: the tree holds the same " +
@@ -80,7 +80,7 @@ class SharingChecker {
   nb::handle tree_;  // Alive: flatten_up_to's argument.
   // Which canonical index each object met so far stands for; it also keeps
   // the objects alive, so no id is reused.
-  IdentityScope owners_;
+  IdentityScopeLease owners_;
   // By canonical index: the object expected there, and the position that
   // first showed it.
   struct Claim {

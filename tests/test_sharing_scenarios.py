@@ -317,6 +317,69 @@ def test_fresh_objects_made_by_flatten_functions_never_fake_a_share():
   assert len({id(o) for o in out}) == 200
 
 
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        (5, 300, 5, 2000, 1, 50),
+        # Past the table a thread keeps between flattens, then small again.
+        (40_000, 3, 20_000, 2),
+    ],
+)
+def test_no_identity_outlives_its_flatten(sizes):
+  """Each flatten starts knowing no object: the objects of one flatten are
+  freed before the next, whose new objects reuse their addresses, and none
+  of them is taken for an earlier one. Every child is listed twice, in
+  opposite orders, so each flatten also checks that every reference points
+  at its own first occurrence."""
+  for size in sizes * 3:
+    children = [Child(Array(i)) for i in range(size)]
+    leaves, td = REG.flatten([children, children[::-1]])
+    assert len(leaves) == size
+    assert td.num_nodes == 3 + 3 * size
+    assert len(td.shared_references()) == size
+    first, second = td.unflatten(leaves)
+    assert [c.x.value for c in first] == list(range(size))
+    assert all(a is b for a, b in zip(first, reversed(second)))
+    del children, first, second
+
+
+class DiesFlattening:
+  """Opted-in; when freed it flattens an opted-in tree of its own."""
+
+  results = []
+
+  def __del__(self):
+    child = Child(Array(7))
+    leaves, td = REG.flatten(Parent(child, child))
+    DiesFlattening.results.append((len(leaves), len(td.shared_references())))
+
+
+def test_flatten_from_a_finalizer_run_as_a_flatten_ends():
+  """A flatten function's fresh children die when the flatten releases
+  them, after its last node: their finalizers flatten trees with sharing of
+  their own, each with identities of its own."""
+  reg = pt.PyTreeRegistry()
+  reg.register_node(
+      Fresh,
+      lambda f: ((DiesFlattening(), DiesFlattening()), None),
+      lambda _, ch: Fresh(),
+      preserve_relative_identities=True,
+  )
+  reg.register_node(
+      DiesFlattening,
+      lambda d: ((), None),
+      lambda _, ch: DiesFlattening(),
+      preserve_relative_identities=True,
+  )
+  DiesFlattening.results.clear()
+  for _ in range(3):
+    leaves, td = reg.flatten([Fresh() for _ in range(50)])
+    assert leaves == []
+    assert td.num_nodes == 1 + 50 * 3
+    assert not td.has_shared_nodes
+  assert DiesFlattening.results == [(1, 1)] * 300
+
+
 def test_shared_subtrees_are_visited_once():
   """A chain of 300 nodes each holding the previous one twice.
 
