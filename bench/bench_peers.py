@@ -5,7 +5,7 @@ Usage::
 
     python bench/bench_peers.py [--stock-python PY] [--patched-python PY]
         [--runs N] [--calls N] [--batches N] [--match REGEX] [--instructions]
-        [--json out.json]
+        [--by-object] [--json out.json]
 
 Patched and stock JAX cannot be imported in one process, so the parent runs
 this script as children, alternately under the stock interpreter and under
@@ -42,10 +42,12 @@ A cell's time is the median per-call time over its batches; a ratio is the
 median over the run pairs (run k of each side) of patched / stock. With
 ``--instructions`` each side runs once under valgrind's callgrind, and a
 cell's figure is the instructions per call (count_instructions.py's method,
-each call waited for, XLA's threads included), which load does not change. The
-targets: an NNX step opted in at most 1.0x the fastest stock pattern of the
-same run; an Equinox step opted in at most 0.8x ``eqx.nn.Shared``; the deep
-forward opted in at most 0.1x ``nnx.jit``.
+each call waited for, XLA's threads included), which load does not change;
+``--by-object`` adds where each cell's instructions lie, by executable and
+shared library (exclusive cost: the CPython interpreter running Python code,
+jaxlib, libc, this module). The targets: an NNX step opted in at most 1.0x
+the fastest stock pattern of the same run; an Equinox step opted in at most
+0.8x ``eqx.nn.Shared``; the deep forward opted in at most 0.1x ``nnx.jit``.
 """
 
 import argparse
@@ -383,7 +385,12 @@ def _run_child(python, side, args):
 
 def _count_child(python, side, args):
   """Instructions per call of each cell: the child run under callgrind."""
-  from count_instructions import callgrind_totals, per_call_counts
+  from count_instructions import (
+      callgrind_totals,
+      dump_costs_by_object,
+      dump_totals,
+      per_call_counts,
+  )
 
   argv = _child_argv(python, side, args)
   with (
@@ -411,16 +418,47 @@ def _count_child(python, side, args):
         env=env,
         capture_output=True,
     )
-    totals = callgrind_totals(
-        argv, cwd="/", env=env, stdout=names, stderr=subprocess.DEVNULL
+    totals, by_object = callgrind_totals(
+        argv,
+        read=lambda d: (
+            dump_totals(d),
+            dump_costs_by_object(d) if args.by_object else None,
+        ),
+        cwd="/",
+        env=env,
+        stdout=names,
+        stderr=subprocess.DEVNULL,
     )
     names.seek(0)
     cells = json.loads(names.read().splitlines()[-1])
   result = {}
   per_call = per_call_counts(totals, [args.calls] * len(cells))
-  for (cell, pattern), value in zip(cells, per_call):
+  for i, ((cell, pattern), value) in enumerate(zip(cells, per_call)):
     result.setdefault(cell, {})[pattern] = value
+    if by_object:
+      # As per_call_counts: the measured calls' run less the empty run.
+      calls, empty = by_object[3 * i + 2], by_object[3 * i + 1]
+      shares = {
+          name: (cost - empty.get(name, 0)) / args.calls
+          for name, cost in calls.items()
+      }
+      result.setdefault("by object", {})[cell, pattern] = shares
   return result
+
+
+def _print_by_object(runs):
+  """Each cell's instructions per call by file, largest first, down to 1%."""
+  by_object = {}
+  print("\nwhere the instructions lie, per call (exclusive, by file)")
+  for side, side_runs in runs.items():
+    for (cell, pattern), shares in side_runs[0]["by object"].items():
+      total = sum(shares.values())
+      print(f"{side} {cell}, {pattern}: {total:,.0f}")
+      for name, cost in sorted(shares.items(), key=lambda kv: -kv[1]):
+        if cost >= 0.01 * total:
+          print(f"  {cost:12,.0f}  {cost / total:6.1%}  {name}")
+      by_object[f"{side} {cell}, {pattern}"] = shares
+  return by_object
 
 
 def _row(label, stock_runs, patched_runs, unit, bound=None):
@@ -495,6 +533,8 @@ def parent_main(args):
           per_run("patched", cell, pattern),
           unit,
       )
+  if args.by_object:
+    report["by object"] = _print_by_object(runs)
   if args.json:
     pathlib.Path(args.json).write_text(json.dumps(report, indent=1))
 
@@ -516,9 +556,17 @@ def main():
       "of timing (--calls calls a cell, one run a side)",
   )
   parser.add_argument(
+      "--by-object",
+      action="store_true",
+      help="with --instructions: also each cell's instructions by "
+      "executable and shared library",
+  )
+  parser.add_argument(
       "--child", choices=("stock", "patched"), help=argparse.SUPPRESS
   )
   args = parser.parse_args()
+  if args.by_object and not args.instructions:
+    parser.error("--by-object needs --instructions")
   if args.child:
     child_main(args)
   else:

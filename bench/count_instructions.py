@@ -178,17 +178,22 @@ def plan_cells(args):
   return plan
 
 
-def dump_totals(directory):
-  """The `totals:` of each callgrind dump, in the order they were written."""
+def dump_paths(directory):
+  """The callgrind dumps of the measured runs, in the order they were
+  written (not the final one, at exit)."""
 
   def number(path):
     suffix = path.rsplit(".", 1)[-1]
     return int(suffix) if suffix.isdigit() else math.inf
 
+  paths = sorted(glob.glob(os.path.join(directory, "out*")), key=number)
+  return [path for path in paths if number(path) != math.inf]
+
+
+def dump_totals(directory):
+  """The `totals:` of each callgrind dump, in the order they were written."""
   totals = []
-  for path in sorted(glob.glob(os.path.join(directory, "out*")), key=number):
-    if number(path) == math.inf:
-      continue  # The final dump, at exit.
+  for path in dump_paths(directory):
     with open(path) as f:
       for line in f:
         if line.startswith("totals:"):
@@ -199,9 +204,40 @@ def dump_totals(directory):
   return totals
 
 
-def callgrind_totals(argv, **run_options):
+def dump_costs_by_object(directory):
+  """Each dump's exclusive instructions by the file their code lies in (the
+  executable or a shared library, by base name), in the order written."""
+  dumps = []
+  for path in dump_paths(directory):
+    names = {}  # callgrind's name compression: "(id) name" once, then "(id)"
+    costs = {}
+    current = "?"
+    skip_next = False  # the line after calls= is the call's inclusive cost
+    with open(path) as f:
+      for line in f:
+        if skip_next:
+          skip_next = False
+        elif line.startswith(("ob=", "cob=")):
+          # A name is given once, in whichever of the two comes first.
+          key, _, name = line.partition("=")[2].strip().partition(" ")
+          if name:
+            names[key] = os.path.basename(name)
+          if line.startswith("ob="):
+            current = names.get(key, key)
+        elif line.startswith("calls="):
+          skip_next = True
+        elif line[:1].isdigit() or line[:1] in "+-*":
+          fields = line.split()
+          if len(fields) > 1:
+            costs[current] = costs.get(current, 0) + int(fields[1])
+    dumps.append(costs)
+  return dumps
+
+
+def callgrind_totals(argv, read=dump_totals, **run_options):
   """Runs the child `argv` under callgrind, collecting only inside the
-  measured runs, which dump as each returns; the dumps' totals, in order."""
+  measured runs, which dump as each returns; what `read` finds in the
+  dumps' folder (by default their totals, in order)."""
   measured_run_library()
   with tempfile.TemporaryDirectory() as directory:
     subprocess.run(
@@ -215,7 +251,7 @@ def callgrind_totals(argv, **run_options):
         check=True,
         **run_options,
     )
-    return dump_totals(directory)
+    return read(directory)
 
 
 def per_call_counts(totals, calls):
