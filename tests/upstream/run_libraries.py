@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Run Equinox's and Flax NNX's test suites on stock jax and on ours, opted in.
+"""Run Equinox's, Flax NNX's and Optax's test suites on stock jax and on ours.
 
 Usage:
   python3 tests/upstream/run_libraries.py [--equinox EQX_CHECKOUT]
-      [--flax FLAX_CHECKOUT] [--wheels DIR] [--stock-venv DIR]
+      [--flax FLAX_CHECKOUT] [--optax] [--wheels DIR] [--stock-venv DIR]
       [--ours-venv DIR] [--out DIR] [--jobs N] [--only-ours]
 
 EQX_CHECKOUT is an Equinox source tree at tag v0.13.8 (its tests/ and
@@ -11,12 +11,17 @@ pyproject.toml are read), FLAX_CHECKOUT a Flax tree at v0.12.8 (tests/nnx and
 pyproject.toml); a suite whose checkout is not given is not run. Neither
 checkout may hold the library's own package folder: pytest puts a checkout's
 root on sys.path, and the suite must test the release installed from PyPI.
+Optax ships its tests inside its wheel, so ``--optax`` needs no checkout: its
+suite runs as Optax's own CI runs it, ``pytest --pyargs optax``, from a folder
+with no pytest configuration.
 
 Each suite runs once in the stock virtual environment (jax and jaxlib
 0.10.2 from PyPI) and once in the custom one (the wheels of WHEELS over
 stock's, --no-deps), there with the library's base classes opted in by the
-pytest plugin opt_in_plugin.py (``JAXLIB_PATCH_OPT_IN``). Both environments
-get the library at its exact version and its test requirements when
+pytest plugin opt_in_plugin.py (``JAXLIB_PATCH_OPT_IN``). Optax has no base
+class to opt in (its states are named tuples), so its suite checks that a
+user of the custom wheels who opts nothing in sees stock behaviour. Both
+environments get the library at its exact version and its test requirements when
 missing. For each suite the script prints both sides' pass/fail/skip counts
 and every test that passes on stock and not on ours with the first line of
 its error, and writes the same into OUT/<suite>.md beside the junit xml and
@@ -47,7 +52,8 @@ class Suite:
   distribution: str  # the package on PyPI
   version: str
   package: str  # its import name, which the checkout must not hold
-  test_path: str  # relative to the checkout
+  # Relative to the checkout; None: the tests ship in the installed package.
+  test_path: str | None
   opt_in: str  # the value of JAXLIB_PATCH_OPT_IN on our side
   requirements: tuple[str, ...]
 
@@ -72,6 +78,15 @@ SUITES = {
         "tests/nnx",
         "nnx",
         ("cloudpickle", "pytest", "pytest-xdist"),
+    ),
+    # Optax's `test` extra, with Flax at the version the nnx suite pins.
+    "optax": Suite(
+        "optax",
+        "0.2.8",
+        "optax",
+        None,
+        "",
+        ("flax==0.12.8", "scipy", "scikit-learn", "pytest", "pytest-xdist"),
     ),
 }
 
@@ -106,7 +121,13 @@ def prepare_venvs(args, suites: list[Suite]) -> dict[str, Path]:
     for suite in suites:
       if installed_version(venv_dir, suite.distribution) != suite.version:
         wanted += [f"{suite.distribution}=={suite.version}"]
-        wanted += suite.requirements
+      # One suite's library can be another's requirement (Equinox's tests
+      # install Optax), so each requirement is looked up on its own.
+      wanted += [
+          r
+          for r in suite.requirements
+          if installed_version(venv_dir, r.partition("==")[0]) == ""
+      ]
     if installed_version(venv_dir, "jaxlib") == "":
       run.pip_install(venv_dir, *wanted)
     elif len(wanted) > 2:
@@ -130,7 +151,7 @@ def run_side(
     args, name: str, suite: Suite, side: str, venv_dir: Path
 ) -> SideResult:
   """Run one suite on one side; its junit xml and log land in OUT."""
-  checkout = args.checkouts[name]
+  checkout = args.checkouts.get(name)
   junit = args.out / f"{name}.{side}.xml"
   log = args.out / f"{name}.{side}.log"
   junit.unlink(missing_ok=True)
@@ -143,17 +164,21 @@ def run_side(
       "no:cacheprovider",
       "-p",
       "opt_in_plugin",
-      f"--rootdir={checkout}",
-      "-c",
-      str(checkout / "pyproject.toml"),
+      # A suite without a checkout runs from OUT, which holds no configuration.
+      f"--rootdir={checkout or args.out}",
       f"--junitxml={junit}",
       "-o",
       "junit_family=xunit1",
       "-q",
   ]
+  if checkout is not None:
+    cmd += ["-c", str(checkout / "pyproject.toml")]
   if args.jobs != "0":
     cmd += ["-n", args.jobs]
-  cmd.append(str(checkout / suite.test_path))
+  if suite.test_path is None:
+    cmd += ["--pyargs", suite.package]
+  else:
+    cmd.append(str(checkout / suite.test_path))
   env = dict(
       os.environ,
       PYTHONPATH=str(run.HERE),
@@ -186,6 +211,11 @@ def parse_args(argv):
       "--flax", type=Path, help="Flax source tree at tag v0.12.8"
   )
   parser.add_argument(
+      "--optax",
+      action="store_true",
+      help="run Optax 0.2.8's suite, which its wheel carries",
+  )
+  parser.add_argument(
       "--wheels",
       type=Path,
       default=run.REPO / "dist",
@@ -207,18 +237,19 @@ def parse_args(argv):
   args = parser.parse_args(argv)
   given = {"equinox": args.equinox, "nnx": args.flax}
   args.checkouts = {n: p.resolve() for n, p in given.items() if p is not None}
+  args.suites = list(args.checkouts) + (["optax"] if args.optax else [])
   args.out = args.out.resolve()
   return args
 
 
 def main(argv=None) -> int:
   args = parse_args(argv)
-  names = list(args.checkouts)
+  names = args.suites
   try:
     if not names:
-      raise RunnerError("give --equinox and/or --flax")
-    for name in names:
-      check_checkout(name, SUITES[name], args.checkouts[name])
+      raise RunnerError("give --equinox, --flax and/or --optax")
+    for name, checkout in args.checkouts.items():
+      check_checkout(name, SUITES[name], checkout)
     args.out.mkdir(parents=True, exist_ok=True)
     venvs = prepare_venvs(args, [SUITES[n] for n in names])
   except RunnerError as e:
@@ -228,7 +259,8 @@ def main(argv=None) -> int:
   total_lost = 0
   for name in names:
     suite = SUITES[name]
-    label = f"{suite.distribution}-{suite.version}/{suite.test_path}"
+    where = suite.test_path or f"--pyargs {suite.package}"
+    label = f"{suite.distribution}-{suite.version}/{where}"
     print(label, flush=True)
     results = {
         side: (
