@@ -175,20 +175,25 @@ def prepare_venvs(args) -> dict[str, Path]:
     pip_install(venv_dir, "-r", str(requirements))
     # Both sides get stock 0.10.2 and its dependencies: the same versions.
     pip_install(venv_dir, f"jax=={JAX_VERSION}", f"jaxlib=={JAX_VERSION}")
-  jax_wheel = newest_wheel(args.dist, "jax-*+*-py3-none-any.whl")
+  install_custom_wheels(venvs["ours"], args.dist)
+  return venvs
+
+
+def install_custom_wheels(venv_dir: Path, dist: Path) -> None:
+  """The newest custom jax and jaxlib wheels of `dist` into a venv."""
+  jax_wheel = newest_wheel(dist, "jax-*+*-py3-none-any.whl")
   # build.py may write one jaxlib wheel per Python: take the venv's.
-  tag = python_tag(venvs["ours"])
-  jaxlib_wheel = newest_wheel(args.dist, f"jaxlib-*+*-{tag}-{tag}-*.whl")
+  tag = python_tag(venv_dir)
+  jaxlib_wheel = newest_wheel(dist, f"jaxlib-*+*-{tag}-{tag}-*.whl")
   print(f"custom wheels: {jax_wheel.name}, {jaxlib_wheel.name}", flush=True)
   # They replace stock jax and jaxlib; every dependency stays as on stock.
   pip_install(
-      venvs["ours"],
+      venv_dir,
       "--force-reinstall",
       "--no-deps",
       str(jax_wheel),
       str(jaxlib_wheel),
   )
-  return venvs
 
 
 def run_side(

@@ -133,17 +133,7 @@ def prepare_venvs(args, suites: list[Suite]) -> dict[str, Path]:
     elif len(wanted) > 2:
       # Keep what is installed of jax (the custom wheels, on our side).
       run.pip_install(venv_dir, *wanted[2:])
-  jax_wheel = run.newest_wheel(args.wheels, "jax-*+*-py3-none-any.whl")
-  tag = run.python_tag(venvs["ours"])
-  jaxlib_wheel = run.newest_wheel(args.wheels, f"jaxlib-*+*-{tag}-{tag}-*.whl")
-  print(f"custom wheels: {jax_wheel.name}, {jaxlib_wheel.name}", flush=True)
-  run.pip_install(
-      venvs["ours"],
-      "--force-reinstall",
-      "--no-deps",
-      str(jax_wheel),
-      str(jaxlib_wheel),
-  )
+  run.install_custom_wheels(venvs["ours"], args.wheels)
   return venvs
 
 
