@@ -389,6 +389,7 @@ def _count_child(python, side, args):
       callgrind_totals,
       dump_costs_by_object,
       dump_totals,
+      per_call_by_object,
       per_call_counts,
   )
 
@@ -433,16 +434,11 @@ def _count_child(python, side, args):
     cells = json.loads(names.read().splitlines()[-1])
   result = {}
   per_call = per_call_counts(totals, [args.calls] * len(cells))
-  for i, ((cell, pattern), value) in enumerate(zip(cells, per_call)):
+  for (cell, pattern), value in zip(cells, per_call):
     result.setdefault(cell, {})[pattern] = value
-    if by_object:
-      # As per_call_counts: the measured calls' run less the empty run.
-      calls, empty = by_object[3 * i + 2], by_object[3 * i + 1]
-      shares = {
-          name: (cost - empty.get(name, 0)) / args.calls
-          for name, cost in calls.items()
-      }
-      result.setdefault("by object", {})[cell, pattern] = shares
+  if by_object:
+    shares = per_call_by_object(by_object, [args.calls] * len(cells))
+    result["by object"] = dict(zip(map(tuple, cells), shares))
   return result
 
 

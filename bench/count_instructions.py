@@ -268,6 +268,20 @@ def per_call_counts(totals, calls):
   return per_call
 
 
+def per_call_by_object(dumps, calls):
+  """As `per_call_counts`, file by file: each cell's instructions per call
+  by the file their code lies in, from `dump_costs_by_object`'s dumps."""
+  if len(dumps) != 3 * len(calls):
+    sys.exit(f"{len(dumps)} callgrind dumps for {len(calls)} cells")
+  return [
+      {
+          name: (cost - dumps[3 * i + 1].get(name, 0)) / n
+          for name, cost in dumps[3 * i + 2].items()
+      }
+      for i, n in enumerate(calls)
+  ]
+
+
 def count(pattern, plan):
   """Instructions per call of each planned cell."""
   with tempfile.TemporaryDirectory() as directory:
