@@ -56,6 +56,11 @@ struct JitFunctionObject {
   // can be shared, so they skip our flatten and the DispatchArgs and reach
   // stock's own fast path as they are. Null if there is none.
   nb::object leaf_dispatch;
+  // Its vectorcall function, read once: the calls on arrays jump straight to
+  // it, with none of PyObject_Vectorcall's lookup and result check (CPython
+  // checks what this function returns). Null where IsMemoizedLeafCall cannot
+  // decide a call: no leaf dispatch, no vectorcall in it, or static argnums.
+  vectorcallfunc leaf_vectorcall = nullptr;
   // As given to jax.jit (a negative index counts from the end of a call's
   // positional arguments); the names as a tuple of str.
   std::vector<Py_ssize_t> static_argnums;
@@ -320,12 +325,34 @@ nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
   return nb::steal(result);
 }
 
-PyObject* JitFunctionVectorcall(PyObject* callable, PyObject* const* args,
-                                size_t nargsf, PyObject* kwnames) {
+// Whether a call is one the last leaf check already answered: no keywords,
+// no static argnums, and every argument of the memoized leaf type while no
+// type has been registered since. The check of every cached call on arrays,
+// so kept to a few loads and compares, with nothing that can fail.
+bool IsMemoizedLeafCall(const JitFunctionObject* self, PyObject* const* args,
+                        Py_ssize_t nargs, PyObject* kwnames) {
+  if (kwnames != nullptr || self->leaf_vectorcall == nullptr ||
+      self->leaf_type_registrations !=
+          self->registry_instance->num_registrations()) {
+    return false;
+  }
+  PyObject* leaf_type = self->leaf_type.ptr();
+  for (Py_ssize_t i = 0; i < nargs; ++i) {
+    if (reinterpret_cast<PyObject*>(Py_TYPE(args[i])) != leaf_type) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Every call IsMemoizedLeafCall does not take. Kept out of line, so that the
+// memoized call pays none of its frame.
+[[gnu::noinline]] PyObject* CallThroughFrontDoor(PyObject* callable,
+                                                 PyObject* const* args,
+                                                 size_t nargsf,
+                                                 PyObject* kwnames) {
   auto* self = reinterpret_cast<JitFunctionObject*>(callable);
   try {
-    // The calls on leaves go to the leaf dispatch before anything else
-    // runs: on them the front door costs only this check.
     if (self->leaf_dispatch.is_valid() &&
         DynamicArgsArePositionalLeaves(self, args, PyVectorcall_NARGS(nargsf),
                                        kwnames)) {
@@ -339,6 +366,19 @@ PyObject* JitFunctionVectorcall(PyObject* callable, PyObject* const* args,
     SetPythonErrorFromException();
     return nullptr;
   }
+}
+
+// The calls on leaves go to the leaf dispatch before anything else runs: on
+// the cached call on arrays the front door costs only IsMemoizedLeafCall and
+// a jump.
+PyObject* JitFunctionVectorcall(PyObject* callable, PyObject* const* args,
+                                size_t nargsf, PyObject* kwnames) {
+  auto* self = reinterpret_cast<JitFunctionObject*>(callable);
+  if (IsMemoizedLeafCall(self, args, PyVectorcall_NARGS(nargsf), kwnames)) {
+    return self->leaf_vectorcall(self->leaf_dispatch.ptr(), args, nargsf,
+                                 kwnames);
+  }
+  return CallThroughFrontDoor(callable, args, nargsf, kwnames);
 }
 
 void JitFunctionDealloc(PyObject* self) {
@@ -385,6 +425,7 @@ int JitFunctionClear(PyObject* self) {
   o->make_dispatch.reset();
   o->dispatch.reset();
   o->registry.reset();
+  o->leaf_vectorcall = nullptr;
   o->leaf_dispatch.reset();
   o->static_argnames.reset();
   o->last_treedef.reset();
@@ -544,6 +585,9 @@ nb::object MakeJitFunction(nb::callable fun, nb::callable make_dispatch,
   new (&o->leaf_dispatch)
       nb::object(leaf_dispatch ? std::move(*leaf_dispatch) : nb::object());
   new (&o->static_argnums) std::vector<Py_ssize_t>(std::move(static_argnums));
+  if (o->leaf_dispatch.is_valid() && o->static_argnums.empty()) {
+    o->leaf_vectorcall = PyVectorcall_Function(o->leaf_dispatch.ptr());
+  }
   new (&o->static_argnames) nb::object(std::move(names));
   new (&o->last_treedef) nb::object();
   new (&o->leaf_type) nb::object();

@@ -15,6 +15,8 @@ import sys
 import weakref
 
 import pytest
+from hypothesis import given, note, settings
+from hypothesis import strategies as st
 
 from jaxlib_patch import pytree as pt
 from nodes import PNode, register_all
@@ -321,3 +323,95 @@ def test_the_main_dispatch_is_built_only_when_needed():
   for _ in range(3):
     jitted(1, 2.0)
   assert jitted._cache_size() == 3 and built == []
+
+
+class Late:
+  """A class that a generated run may register as a node between calls."""
+
+  def __init__(self, x):
+    self.x = x
+
+
+class LateToo(Late):
+  pass
+
+
+# Arguments of calls: leaves of several types (so that the remembered leaf
+# type changes), nodes of the registry, and objects of the classes that a run
+# registers part way.
+ARGUMENTS = st.sampled_from(
+    [1, 2.5, "s", None, (), [3], PNode("n", [4]), Late(5), LateToo(6)]
+)
+CALLS = st.lists(
+    st.one_of(
+        st.tuples(
+            st.just("call"),
+            st.lists(ARGUMENTS, max_size=3),
+            st.dictionaries(st.sampled_from(["b", "mode"]), ARGUMENTS),
+        ),
+        st.tuples(st.just("register"), st.sampled_from([Late, LateToo])),
+    ),
+    max_size=12,
+)
+
+
+def is_leaf(registry, x):
+  treedef = registry.flatten(x)[1]
+  return treedef.num_nodes == 1 and treedef.num_leaves == 1
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(CALLS, st.sampled_from([(), (1,), (-1,)]), st.booleans())
+def test_generated_calls_take_the_leaf_dispatch_exactly_when_all_are_leaves(
+    calls, static_argnums, leaf_is_a_function
+):
+  # Which dispatch a call takes must follow the registry at the time of the
+  # call, whatever the front door remembers of earlier calls (the leaf type,
+  # the treedef) and whether the leaf dispatch is one it jumps to directly
+  # (a function, with a vectorcall) or one it calls through CPython (an
+  # object whose class defines __call__).
+  registry = register_all(pt.PyTreeRegistry(), opt_in=True)
+  leaf_calls, main = [], Recorder()
+
+  def leaf_function(*args, **kwargs):
+    leaf_calls.append((args, kwargs))
+    return "leaf result"
+
+  leaf_recorder = Recorder("leaf result")
+  leaf_recorder.calls = leaf_calls
+  leaf = leaf_function if leaf_is_a_function else leaf_recorder
+  jitted = pt.make_jit_function(
+      target, lambda *_: main, registry, list(static_argnums), ["mode"], leaf
+  )
+  registered = set()
+  for step in calls:
+    if step[0] == "register":
+      if step[1] not in registered:
+        registry.register_node(
+            step[1],
+            lambda late: ((late.x,), None),
+            lambda _, children: Late(*children),
+        )
+        registered.add(step[1])
+      continue
+    _, args, kwargs = step
+    note(f"call with {args!r}, {kwargs!r}")
+    nargs = len(args)
+    static = {i if i >= 0 else i + nargs for i in static_argnums}
+    dynamic = [a for i, a in enumerate(args) if i not in static]
+    expect_leaf = "b" not in kwargs and all(
+        is_leaf(registry, a) for a in dynamic
+    )
+    leaf_before, main_before = len(leaf_calls), len(main.calls)
+    result = jitted(*args, **kwargs)
+    if expect_leaf:
+      assert result == "leaf result"
+      assert leaf_calls[leaf_before:] == [(tuple(args), kwargs)]
+      assert len(main.calls) == main_before
+    else:
+      assert result == "result"
+      assert len(leaf_calls) == leaf_before
+      assert len(main.calls) == main_before + 1
+      (dispatch_args, *_), _ = main.calls[-1]
+      assert dispatch_args.args == tuple(args)
+      assert dispatch_args.kwargs == kwargs

@@ -4,6 +4,7 @@ No class here opts into relative identities: these are plain jax.jit uses,
 which must see no difference from stock jax.
 """
 
+import dataclasses
 import functools
 import gc
 import inspect
@@ -16,7 +17,11 @@ from absl.testing import absltest
 import numpy as np
 
 import jax.numpy as jnp
+from jax._src import core
+from jax._src import dtypes
+from jax._src import earray
 from jax._src import test_util as jtu
+from jax._src.interpreters import pxla
 
 
 def double(x):
@@ -83,6 +88,44 @@ class JitFrontDoorTest(jtu.JaxTestCase):
     self.assertEqual(f._cache_size(), len(calls))
     f.clear_cache()
     self.assertEqual(f._cache_size(), 0)
+
+  def test_extended_dtype_arrays_stay_on_the_cpp_path(self):
+    # An EArray is a leaf to tracing but a node to stock's C++ dispatch,
+    # which flattens it to its data: calls on it must find their cache
+    # entry there, as on stock, not fall back to Python every time.
+    class Scaled(dtypes.extended):
+      pass
+
+    class ScaledRules:
+      allow_conversion = True
+
+      @staticmethod
+      def physical_element_aval(dtype):
+        return core.ShapedArray((), np.dtype("float32"))
+
+      @staticmethod
+      def global_sharded_result_handler(aval, out_sharding, committed):
+        handler = pxla.global_result_handlers[core.ShapedArray](
+            core.physical_aval(aval), out_sharding, committed
+        )
+        return handler.wrap(lambda data: earray.EArray(aval, data))
+
+    @dataclasses.dataclass(frozen=True)
+    class ScaledDType(dtypes.ExtendedDType):
+      name: str = "scaled"
+      _rules: type = ScaledRules
+      type: type = Scaled
+
+    x = jax.jit(lambda x: jax.lax.convert_element_type(x, ScaledDType()))(
+        jnp.arange(3.0)
+    )
+    self.assertIsInstance(x, earray.EArray)
+    identity = jax.jit(lambda x: x)
+    with jtu.count_pjit_cpp_cache_miss() as misses:
+      for _ in range(5):
+        y = identity(x)
+    self.assertEqual(misses(), 1)
+    self.assertIsInstance(y.dtype, ScaledDType)
 
   def test_disable_jit_calls_the_function_with_the_arguments_themselves(self):
     x = jnp.arange(3.0)
