@@ -11,6 +11,7 @@
 #include "jaxlib_patch/keys.h"
 #include "jaxlib_patch/pytree.h"
 #include "jaxlib_patch/recursion_guard.h"
+#include "jaxlib_patch/spare_lease.h"
 
 namespace jaxlib_patch {
 
@@ -145,12 +146,64 @@ nb::object MetaFields(nb::handle obj,
 
 namespace {
 
+// The leaves of one flatten, as new references, until they become its list.
+// Appended to a Python list one at a time, they would grow it by an eighth
+// at a time, each step a realloc that copies the whole list wherever the
+// heap has no room after it: several copies of the final list per flatten,
+// more or fewer with the heap's layout. The buffer keeps its capacity from
+// one flatten to the next (SpareLease), and the list is made once, at its
+// final size.
+class LeafBuffer {
+ public:
+  LeafBuffer() = default;
+  LeafBuffer(const LeafBuffer&) = delete;
+  LeafBuffer& operator=(const LeafBuffer&) = delete;
+  ~LeafBuffer() { Clear(); }
+
+  Py_ssize_t size() const { return static_cast<Py_ssize_t>(items_.size()); }
+
+  void Append(nb::handle leaf) {
+    items_.push_back(leaf.ptr());  // May throw; the reference is taken after.
+    Py_INCREF(leaf.ptr());
+  }
+  void Append(nb::object&& leaf) {
+    items_.push_back(leaf.ptr());
+    leaf.release();
+  }
+
+  // The leaves as a new list, which takes over the references.
+  nb::list TakeList() {
+    nb::list list = nb::steal<nb::list>(PyList_New(size()));
+    if (!list.is_valid()) throw nb::python_error();
+    for (Py_ssize_t i = 0; i < size(); ++i) {
+      PyList_SET_ITEM(list.ptr(), i, items_[i]);
+    }
+    items_.clear();
+    return list;
+  }
+
+  // Releases the leaves of a flatten that failed.
+  void Clear() {
+    for (PyObject* leaf : items_) Py_DECREF(leaf);
+    items_.clear();
+  }
+
+  // A buffer grown past a million leaves' worth (8 MiB) is freed rather than
+  // kept for the thread's lifetime.
+  bool KeepAsSpare() const { return items_.capacity() <= kMaxSpareLeaves; }
+
+ private:
+  static constexpr size_t kMaxSpareLeaves = size_t{1} << 20;
+
+  std::vector<PyObject*> items_;
+};
+
 template <bool kWithPath>
 class Flattener {
  public:
   Flattener(const PyTreeRegistry& registry,
             const std::optional<nb::callable>& leaf_predicate,
-            Traversal& traversal, nb::list& leaves)
+            Traversal& traversal, LeafBuffer& leaves)
       : registry_(registry),
         leaf_predicate_(leaf_predicate),
         traversal_(traversal),
@@ -206,7 +259,7 @@ class Flattener {
     }
 
     const Py_ssize_t start_nodes = traversal_.size();
-    const Py_ssize_t start_leaves = PyList_GET_SIZE(leaves_.ptr());
+    const Py_ssize_t start_leaves = leaves_.size();
     switch (node.kind) {
       case PyTreeKind::kNone: break;
       case PyTreeKind::kTuple:
@@ -312,7 +365,7 @@ class Flattener {
       case PyTreeKind::kLeaf: break;  // Handled above.
     }
     node.num_nodes = traversal_.size() - start_nodes + 1;
-    node.num_leaves = PyList_GET_SIZE(leaves_.ptr()) - start_leaves;
+    node.num_leaves = leaves_.size() - start_leaves;
     traversal_.push_back(std::move(node));
     if (scope != nullptr) scope->Finish(identity_slot, traversal_.size() - 1);
   }
@@ -356,14 +409,11 @@ class Flattener {
     leaf.num_leaves = 1;
     leaf.num_nodes = 1;
     traversal_.push_back(std::move(leaf));
-    int status;
     if constexpr (kWithPath) {
-      nb::object pair = nb::make_tuple(CurrentPath(), obj);
-      status = PyList_Append(leaves_.ptr(), pair.ptr());
+      leaves_.Append(nb::make_tuple(CurrentPath(), obj));
     } else {
-      status = PyList_Append(leaves_.ptr(), obj.ptr());
+      leaves_.Append(obj);
     }
-    if (status != 0) throw nb::python_error();
   }
 
   void FlattenChild(nb::handle child, nb::object key) {
@@ -383,7 +433,7 @@ class Flattener {
   const PyTreeRegistry& registry_;
   const std::optional<nb::callable>& leaf_predicate_;
   Traversal& traversal_;
-  nb::list& leaves_;
+  LeafBuffer& leaves_;
   std::vector<nb::object> path_;     // Keys from the root; flatten_with_path.
   std::vector<nb::object> pending_;  // Children of custom nodes, in waiting.
   IdentityScopeLease scope_;         // Taken at the first opted-in node.
@@ -400,33 +450,32 @@ class Flattener {
 }  // namespace
 
 template <bool kWithPath>
-PyTreeDef PyTreeDef::FlattenUnwrapped(
+std::pair<nb::list, PyTreeDef> PyTreeDef::FlattenUnwrapped(
     nb::handle registry, nb::handle tree,
-    const std::optional<nb::callable>& leaf_predicate, nb::list& leaves,
+    const std::optional<nb::callable>& leaf_predicate,
     size_t expected_num_nodes) {
   PyTreeRegistry* registry_ptr = nb::cast<PyTreeRegistry*>(registry);
   PyTreeDef treedef(registry_ptr, nb::borrow(registry));
   // At least the root's room: growing from empty costs more than reserving.
   treedef.traversal_.reserve(std::max<size_t>(expected_num_nodes, 1));
+  SpareLease<LeafBuffer> buffer;
   Flattener<kWithPath>(*registry_ptr, leaf_predicate, treedef.traversal_,
-                       leaves)
+                       buffer.Get())
       .Flatten(tree);
-  return treedef;
+  return {buffer.Get().TakeList(), std::move(treedef)};
 }
 
 template <bool kWithPath>
 std::pair<nb::list, nb::object> PyTreeDef::Flatten(
     nb::handle registry, nb::handle tree,
     const std::optional<nb::callable>& leaf_predicate) {
-  nb::list leaves;
-  PyTreeDef treedef =
-      FlattenUnwrapped<kWithPath>(registry, tree, leaf_predicate, leaves, 0);
+  auto [leaves, treedef] =
+      FlattenUnwrapped<kWithPath>(registry, tree, leaf_predicate, 0);
   return {std::move(leaves), WrapTreeDef(std::move(treedef))};
 }
 
-template PyTreeDef PyTreeDef::FlattenUnwrapped<false>(
-    nb::handle, nb::handle, const std::optional<nb::callable>&, nb::list&,
-    size_t);
+template std::pair<nb::list, PyTreeDef> PyTreeDef::FlattenUnwrapped<false>(
+    nb::handle, nb::handle, const std::optional<nb::callable>&, size_t);
 
 template std::pair<nb::list, nb::object> PyTreeDef::Flatten<false>(
     nb::handle, nb::handle, const std::optional<nb::callable>&);

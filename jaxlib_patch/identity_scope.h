@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "jaxlib_patch/pytree.h"
+#include "jaxlib_patch/spare_lease.h"
 
 namespace jaxlib_patch {
 
@@ -75,10 +76,13 @@ class IdentityScope {
     members_.clear();
   }
 
-  size_t bucket_count() const { return buckets_.size(); }
+  // A table grown past kMaxSpareBuckets by a huge tree is freed rather than
+  // kept for the thread's lifetime.
+  bool KeepAsSpare() const { return buckets_.size() <= kMaxSpareBuckets; }
 
  private:
   static constexpr size_t kMinBuckets = 16;
+  static constexpr size_t kMaxSpareBuckets = size_t{1} << 15;
 
   struct Bucket {
     PyObject* key = nullptr;
@@ -116,51 +120,11 @@ class IdentityScope {
   std::vector<Member> members_;
 };
 
-// The identity scope of one operation, taken when first needed from a spare
-// the thread keeps and handed back at the end. Without it each flatten of an
-// opted-in tree would grow a table from empty, rehashing about as many
-// entries as it inserts, and free it again: most of what opting in cost on
-// a tree without sharing. An operation nested inside another (a flatten
-// function that flattens) finds the spare taken and makes its own.
-class IdentityScopeLease {
- public:
-  IdentityScopeLease() = default;
-  IdentityScopeLease(const IdentityScopeLease&) = delete;
-  IdentityScopeLease& operator=(const IdentityScopeLease&) = delete;
-
-  ~IdentityScopeLease() {
-    if (!scope_) return;
-    // Releasing the objects may run their finalizers, which may flatten:
-    // the scope is not the spare until it is empty.
-    scope_->Clear();
-    std::unique_ptr<IdentityScope>& spare = Spare();
-    // A table grown past kMaxSpareBuckets by a huge tree is freed rather
-    // than kept for the thread's lifetime.
-    if (!spare && scope_->bucket_count() <= kMaxSpareBuckets) {
-      spare = std::move(scope_);
-    }
-  }
-
-  IdentityScope& Get() { return scope_ ? *scope_ : Take(); }
-
- private:
-  IdentityScope& Take() {
-    scope_ = std::move(Spare());
-    if (!scope_) scope_ = std::make_unique<IdentityScope>();
-    return *scope_;
-  }
-
-  static constexpr size_t kMaxSpareBuckets = size_t{1} << 15;
-
-  // Holds no Python object between operations, so it may outlive the
-  // interpreter.
-  static std::unique_ptr<IdentityScope>& Spare() {
-    thread_local std::unique_ptr<IdentityScope> spare;
-    return spare;
-  }
-
-  std::unique_ptr<IdentityScope> scope_;
-};
+// The identity scope of one operation, from the thread's spare. Without it
+// each flatten of an opted-in tree would grow a table from empty, rehashing
+// about as many entries as it inserts, and free it again: most of what
+// opting in cost on a tree without sharing.
+using IdentityScopeLease = SpareLease<IdentityScope>;
 
 }  // namespace jaxlib_patch
 

@@ -221,9 +221,9 @@ class PyTreeDef {
   // one it wrapped before instead) and room made for `expected_num_nodes`
   // nodes up front; Flatten is this, wrapped.
   template <bool kWithPath>
-  static PyTreeDef FlattenUnwrapped(
+  static std::pair<nb::list, PyTreeDef> FlattenUnwrapped(
       nb::handle registry, nb::handle tree,
-      const std::optional<nb::callable>& leaf_predicate, nb::list& leaves,
+      const std::optional<nb::callable>& leaf_predicate,
       size_t expected_num_nodes);
 
   // --- flatten_up_to.cc

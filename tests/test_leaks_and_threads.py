@@ -19,7 +19,10 @@ import sys
 import weakref
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from jaxlib._jax import pytree as stock
 from jaxlib_patch import pytree as pt
 
 from harness import run_in_threads
@@ -254,6 +257,92 @@ def error_paths(leaf, aux, n):
 def test_error_paths_do_not_leak():
   """7 failing calls per iteration, 5,000 iterations."""
   assert_flat(error_paths, Leaf(), Aux(), 5_000)
+
+
+class Inner:
+  """Its flatten function flattens a tree of its own (nested flatten), and
+  raises after it if the node is `failing`."""
+
+  def __init__(self, children, failing=False):
+    self.children = children
+    self.failing = failing
+
+
+def inner_flatten(node, registry):
+  leaves, _ = registry.flatten([node.children, [Leaf(), Leaf()]])
+  assert len(leaves) == len(node.children) + 2
+  if node.failing:
+    raise ValueError("failing on purpose")
+  return node.children, None
+
+
+def buffer_registries():
+  """The module's registry and stock's, each with Inner registered."""
+  registries = []
+  for module in (pt, stock):
+    registry = module.PyTreeRegistry()
+    registry.register_node(
+        Inner,
+        lambda node, registry=registry: inner_flatten(node, registry),
+        lambda _, children: Inner(list(children)),
+    )
+    registries.append(registry)
+  return registries
+
+
+LEAF_BUFFER_REGISTRIES = buffer_registries()
+
+# Lists of leaves and of Inner nodes (each holding leaves of its own), some
+# failing, at the sizes that move the thread's kept leaf buffer: empty, small,
+# and past the size it had.
+BUFFER_TREES = st.lists(
+    st.one_of(
+        st.integers(0, 300).map(lambda n: [Leaf() for _ in range(n)]),
+        st.tuples(st.integers(0, 40), st.booleans()).map(
+            lambda nf: Inner([Leaf() for _ in range(nf[0])], nf[1])
+        ),
+    ),
+    max_size=6,
+)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(st.lists(BUFFER_TREES, min_size=1, max_size=4))
+def test_the_leaf_buffer_across_nested_and_failing_flattens(trees):
+  # Each flatten collects its leaves in the thread's kept buffer, or its own
+  # when a flatten function flattens inside it. The leaves must come out in
+  # stock's order, and a failing flatten must release every one it took.
+  ours, theirs = LEAF_BUFFER_REGISTRIES
+  for tree in trees:
+    fails = any(isinstance(t, Inner) and t.failing for t in tree)
+    leaves_before = [x for t in tree for x in getattr(t, "children", t)]
+    counts = [sys.getrefcount(x) for x in leaves_before]
+    if fails:
+      with pytest.raises(ValueError, match="failing on purpose"):
+        ours.flatten(tree)
+      with pytest.raises(ValueError, match="failing on purpose"):
+        theirs.flatten(tree)
+    else:
+      leaves, treedef = ours.flatten(tree)
+      expected, _ = theirs.flatten(tree)
+      assert len(leaves) == len(expected) == treedef.num_leaves
+      assert all(a is b for a, b in zip(leaves, expected))
+      del leaves, expected, treedef
+    assert [sys.getrefcount(x) for x in leaves_before] == counts
+
+
+def test_the_leaf_buffer_past_the_size_a_thread_keeps():
+  # A flatten of more than a million leaves frees its buffer instead of
+  # keeping it; the next flattens, small and large, start from what is kept.
+  registry = pt.PyTreeRegistry()
+  leaf = Leaf()
+  count = sys.getrefcount(leaf)
+  for size in (3, (1 << 20) + 1, 5, (1 << 20) + 1, 0, 1000):
+    leaves, treedef = registry.flatten([leaf] * size)
+    assert len(leaves) == treedef.num_leaves == size
+    assert all(x is leaf for x in leaves)
+    del leaves, treedef
+    assert sys.getrefcount(leaf) == count
 
 
 # ---------------------------------------------------------------------------
