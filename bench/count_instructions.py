@@ -25,6 +25,14 @@ that each run covers about `--leaves` nodes (at least one call). The garbage
 collector is off, as in timeit. The module measured as ours is whatever
 `import jaxlib_patch.pytree` finds: point PYTHONPATH at another build (the
 wheel's, say) to count that one.
+
+A count still depends on where earlier allocations left the heap (glibc's
+free lists, the addresses that id-based hashes and dict probes see): a
+small cell moves by a few percent from one layout to the next, on either
+side, and two builds run in two processes see two layouts. With
+``--heap-states N`` the child runs N times, the k-th first allocating and
+keeping k thousand small objects (`pad_heap`), and each cell reports the
+median over those runs, stock's and ours each.
 """
 
 import argparse
@@ -36,6 +44,7 @@ import json
 import math
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -61,6 +70,13 @@ def parse_args(argv):
       default=20_000,
       help="nodes each measured run covers, in one call at least "
       "(default 20,000)",
+  )
+  parser.add_argument(
+      "--heap-states",
+      type=int,
+      default=1,
+      help="children, each from another heap layout; each cell reports "
+      "the median (default 1)",
   )
   parser.add_argument("--json", metavar="PATH", help="also write JSON")
   parser.add_argument(
@@ -119,6 +135,19 @@ def run_measured(fn, calls):
   measured_run(ctypes.CFUNCTYPE(None)(run))
 
 
+def pad_heap(heap_state):
+  """`heap_state` thousand small objects, for the caller to keep alive to
+  the end: they move every later allocation (heap state 0: none)."""
+  return [bytearray(64) for _ in range(1000 * heap_state)]
+
+
+def median_over_heap_states(count_in_state, heap_states):
+  """Each key's median over `count_in_state(k)` for k below `heap_states`
+  (dicts of counts with the same keys, one per heap state)."""
+  runs = [count_in_state(k) for k in range(heap_states)]
+  return {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+
+
 def measure_runs(fn, calls):
   """The three runs of one cell that `per_call_counts` reads: a warm-up
   call, no calls (the callback's own cost), then `calls` calls."""
@@ -150,7 +179,8 @@ def matching_cells(pattern):
 
 def child(plan_path):
   with open(plan_path) as f:
-    pattern, plan = json.load(f)
+    pattern, plan, heap_state = json.load(f)
+  heap_padding = pad_heap(heap_state)  # Kept to the end.
   cells = matching_cells(re.compile(pattern))
   # As timeit does: a collection that falls into a run would walk every
   # tree of the grid, on whichever side reached the threshold.
@@ -158,6 +188,7 @@ def child(plan_path):
   gc.disable()
   for workload, op, library, calls in plan:
     measure_runs(cells[workload, op, library], calls)
+  del heap_padding
 
 
 # --------------------------------------------------------------------------
@@ -282,12 +313,13 @@ def per_call_by_object(dumps, calls):
   ]
 
 
-def count(pattern, plan):
-  """Instructions per call of each planned cell."""
+def count(pattern, plan, heap_state=0):
+  """Instructions per call of each planned cell, counted in a child from
+  heap state `heap_state` (pad_heap)."""
   with tempfile.TemporaryDirectory() as directory:
     plan_path = os.path.join(directory, "plan.json")
     with open(plan_path, "w") as f:
-      json.dump([pattern, plan], f)
+      json.dump([pattern, plan, heap_state], f)
     totals = callgrind_totals(
         [sys.executable, os.path.abspath(__file__), "--child", plan_path],
         stdout=subprocess.DEVNULL,
@@ -393,7 +425,9 @@ def main(argv=None):
   if not plan:
     print("no workload matches", file=sys.stderr)
     return 2
-  per_call = count(args.match, plan)
+  per_call = median_over_heap_states(
+      lambda heap_state: count(args.match, plan, heap_state), args.heap_states
+  )
   table, summary, rows = report(per_call)
   import jaxlib_patch.pytree
 
@@ -406,6 +440,7 @@ def main(argv=None):
       json.dump(
           {
               "module": jaxlib_patch.pytree.__file__,
+              "heap_states": args.heap_states,
               "cells": [
                   dict(
                       zip(

@@ -29,11 +29,16 @@ import argparse
 import json
 import os
 import pathlib
-import statistics
 import subprocess
 
 import interpreters
-from count_instructions import callgrind_totals, measure_runs, per_call_counts
+from count_instructions import (
+    callgrind_totals,
+    measure_runs,
+    median_over_heap_states,
+    pad_heap,
+    per_call_counts,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CASES = ("hoisted", "inline", "dict")
@@ -42,8 +47,7 @@ CASES = ("hoisted", "inline", "dict")
 def child_main(calls, heap_state):
   import gc
 
-  # Kept alive to the end: it moves every later allocation.
-  heap_padding = [bytearray(64) for _ in range(1000 * heap_state)]
+  heap_padding = pad_heap(heap_state)  # Kept to the end.
 
   import jax
   import jax.numpy as jnp
@@ -94,8 +98,9 @@ def count(python, calls, heap_state):
 
 def median_count(python, calls, heap_states):
   """Each case's median instructions per call over `heap_states` children."""
-  runs = [count(python, calls, k) for k in range(heap_states)]
-  return {case: statistics.median(run[case] for run in runs) for case in CASES}
+  return median_over_heap_states(
+      lambda heap_state: count(python, calls, heap_state), heap_states
+  )
 
 
 def main():
