@@ -146,13 +146,13 @@ nb::object MetaFields(nb::handle obj,
 
 namespace {
 
-// The leaves of one flatten, as new references, until they become its list.
-// Appended to a Python list one at a time, they would grow it by an eighth
-// at a time, each step a realloc that copies the whole list wherever the
-// heap has no room after it: several copies of the final list per flatten,
-// more or fewer with the heap's layout. The buffer keeps its capacity from
-// one flatten to the next (SpareLease), and the list is made once, at its
-// final size.
+// Leaves past the first kInlineLeaves of a flatten (LeafCollector), as new
+// references, until they become its list. Appended to a Python list one at a
+// time, they would grow it by an eighth at a time, each step a realloc that
+// copies the whole list wherever the heap has no room after it: several
+// copies of the final list per flatten, more or fewer with the heap's
+// layout. This buffer keeps its capacity from one flatten to the next
+// (SpareLease), and the list is made once, at its final size.
 class LeafBuffer {
  public:
   LeafBuffer() = default;
@@ -162,24 +162,14 @@ class LeafBuffer {
 
   Py_ssize_t size() const { return static_cast<Py_ssize_t>(items_.size()); }
 
-  void Append(nb::handle leaf) {
-    items_.push_back(leaf.ptr());  // May throw; the reference is taken after.
-    Py_INCREF(leaf.ptr());
-  }
-  void Append(nb::object&& leaf) {
-    items_.push_back(leaf.ptr());
-    leaf.release();
-  }
+  // Takes over the reference `leaf`, or leaves it to the caller if this
+  // throws.
+  void Append(PyObject* leaf) { items_.push_back(leaf); }
 
-  // The leaves as a new list, which takes over the references.
-  nb::list TakeList() {
-    nb::list list = nb::steal<nb::list>(PyList_New(size()));
-    if (!list.is_valid()) throw nb::python_error();
-    for (Py_ssize_t i = 0; i < size(); ++i) {
-      PyList_SET_ITEM(list.ptr(), i, items_[i]);
-    }
+  // Hands the references over to `slots` and forgets them.
+  void MoveTo(PyObject** slots) {
+    std::copy(items_.begin(), items_.end(), slots);
     items_.clear();
-    return list;
   }
 
   // Releases the leaves of a flatten that failed.
@@ -188,14 +178,69 @@ class LeafBuffer {
     items_.clear();
   }
 
-  // A buffer grown past a million leaves' worth (8 MiB) is freed rather than
-  // kept for the thread's lifetime.
+  // A buffer grown past 131,072 leaves (1 MiB) is freed rather than kept
+  // for the thread's lifetime.
   bool KeepAsSpare() const { return items_.capacity() <= kMaxSpareLeaves; }
 
  private:
-  static constexpr size_t kMaxSpareLeaves = size_t{1} << 20;
+  static constexpr size_t kMaxSpareLeaves = size_t{1} << 17;
 
   std::vector<PyObject*> items_;
+};
+
+// The leaves of one flatten. Most flattens have a few (a call's arguments,
+// a sharding spec): they stay here, and only a flatten of more takes the
+// thread's LeafBuffer, which costs two thread-local lookups.
+class LeafCollector {
+ public:
+  LeafCollector() = default;
+  LeafCollector(const LeafCollector&) = delete;
+  LeafCollector& operator=(const LeafCollector&) = delete;
+  ~LeafCollector() {
+    for (Py_ssize_t k = 0; k < num_inline(); ++k) Py_DECREF(inline_[k]);
+  }
+
+  Py_ssize_t size() const { return size_; }
+
+  void Append(nb::handle leaf) { Append(nb::borrow(leaf)); }
+  void Append(nb::object&& leaf) {
+    if (size_ < kInlineLeaves) {
+      inline_[size_++] = leaf.release().ptr();
+    } else {
+      Spill(std::move(leaf));
+    }
+  }
+
+  // The leaves as a new list, which takes over the references.
+  nb::list TakeList() {
+    nb::list list = nb::steal<nb::list>(PyList_New(size_));
+    if (!list.is_valid()) throw nb::python_error();
+    PyObject** slots = PySequence_Fast_ITEMS(list.ptr());
+    // A loop, not std::copy: for the few leaves of most flattens a call of
+    // memmove costs more than the copy.
+    for (Py_ssize_t k = 0; k < num_inline(); ++k) slots[k] = inline_[k];
+    if (spilled_ != nullptr) spilled_->MoveTo(slots + kInlineLeaves);
+    size_ = 0;
+    return list;
+  }
+
+ private:
+  // Out of line, so that the inline appends stay small enough to inline.
+  [[gnu::noinline]] void Spill(nb::object&& leaf) {
+    if (spilled_ == nullptr) spilled_ = &buffer_.Get();
+    spilled_->Append(leaf.ptr());
+    leaf.release();
+    ++size_;
+  }
+
+  static constexpr Py_ssize_t kInlineLeaves = 16;
+
+  Py_ssize_t num_inline() const { return std::min(size_, kInlineLeaves); }
+
+  PyObject* inline_[kInlineLeaves];
+  Py_ssize_t size_ = 0;
+  LeafBuffer* spilled_ = nullptr;  // The leaves after the inline ones.
+  SpareLease<LeafBuffer> buffer_;
 };
 
 template <bool kWithPath>
@@ -203,7 +248,7 @@ class Flattener {
  public:
   Flattener(const PyTreeRegistry& registry,
             const std::optional<nb::callable>& leaf_predicate,
-            Traversal& traversal, LeafBuffer& leaves)
+            Traversal& traversal, LeafCollector& leaves)
       : registry_(registry),
         leaf_predicate_(leaf_predicate),
         traversal_(traversal),
@@ -433,7 +478,7 @@ class Flattener {
   const PyTreeRegistry& registry_;
   const std::optional<nb::callable>& leaf_predicate_;
   Traversal& traversal_;
-  LeafBuffer& leaves_;
+  LeafCollector& leaves_;
   std::vector<nb::object> path_;     // Keys from the root; flatten_with_path.
   std::vector<nb::object> pending_;  // Children of custom nodes, in waiting.
   IdentityScopeLease scope_;         // Taken at the first opted-in node.
@@ -450,32 +495,36 @@ class Flattener {
 }  // namespace
 
 template <bool kWithPath>
-std::pair<nb::list, PyTreeDef> PyTreeDef::FlattenUnwrapped(
+PyTreeDef PyTreeDef::FlattenUnwrapped(
     nb::handle registry, nb::handle tree,
-    const std::optional<nb::callable>& leaf_predicate,
+    const std::optional<nb::callable>& leaf_predicate, nb::object& leaves,
     size_t expected_num_nodes) {
   PyTreeRegistry* registry_ptr = nb::cast<PyTreeRegistry*>(registry);
   PyTreeDef treedef(registry_ptr, nb::borrow(registry));
   // At least the root's room: growing from empty costs more than reserving.
   treedef.traversal_.reserve(std::max<size_t>(expected_num_nodes, 1));
-  SpareLease<LeafBuffer> buffer;
+  LeafCollector collector;
   Flattener<kWithPath>(*registry_ptr, leaf_predicate, treedef.traversal_,
-                       buffer.Get())
+                       collector)
       .Flatten(tree);
-  return {buffer.Get().TakeList(), std::move(treedef)};
+  leaves = collector.TakeList();
+  return treedef;
 }
 
 template <bool kWithPath>
 std::pair<nb::list, nb::object> PyTreeDef::Flatten(
     nb::handle registry, nb::handle tree,
     const std::optional<nb::callable>& leaf_predicate) {
-  auto [leaves, treedef] =
-      FlattenUnwrapped<kWithPath>(registry, tree, leaf_predicate, 0);
-  return {std::move(leaves), WrapTreeDef(std::move(treedef))};
+  nb::object leaves;
+  PyTreeDef treedef =
+      FlattenUnwrapped<kWithPath>(registry, tree, leaf_predicate, leaves, 0);
+  return {nb::steal<nb::list>(leaves.release()),
+          WrapTreeDef(std::move(treedef))};
 }
 
-template std::pair<nb::list, PyTreeDef> PyTreeDef::FlattenUnwrapped<false>(
-    nb::handle, nb::handle, const std::optional<nb::callable>&, size_t);
+template PyTreeDef PyTreeDef::FlattenUnwrapped<false>(
+    nb::handle, nb::handle, const std::optional<nb::callable>&, nb::object&,
+    size_t);
 
 template std::pair<nb::list, nb::object> PyTreeDef::Flatten<false>(
     nb::handle, nb::handle, const std::optional<nb::callable>&);

@@ -302,9 +302,10 @@ nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
   nb::object last_treedef = self->last_treedef;
   const PyTreeDef* last =
       last_treedef.is_valid() ? nb::inst_ptr<PyTreeDef>(last_treedef) : nullptr;
-  auto [leaves, treedef] = PyTreeDef::FlattenUnwrapped<false>(
+  nb::object leaves;
+  PyTreeDef treedef = PyTreeDef::FlattenUnwrapped<false>(
       self->registry, nb::make_tuple(dynamic_args, dynamic_kwargs),
-      std::nullopt, last != nullptr ? last->num_nodes() : 0);
+      std::nullopt, leaves, last != nullptr ? last->num_nodes() : 0);
   // The dispatch uses the treedef only as (part of) its cache key, so an
   // equal one stands for it.
   if (last == nullptr || !last->Equals(treedef)) {

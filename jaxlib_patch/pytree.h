@@ -218,12 +218,13 @@ class PyTreeDef {
       nb::handle registry, nb::handle tree,
       const std::optional<nb::callable>& leaf_predicate);
   // The same with the treedef left unwrapped (a caller may keep an equal
-  // one it wrapped before instead) and room made for `expected_num_nodes`
-  // nodes up front; Flatten is this, wrapped.
+  // one it wrapped before instead), the list of leaves stored in `leaves`,
+  // and room made for `expected_num_nodes` nodes up front; Flatten is this,
+  // wrapped.
   template <bool kWithPath>
-  static std::pair<nb::list, PyTreeDef> FlattenUnwrapped(
+  static PyTreeDef FlattenUnwrapped(
       nb::handle registry, nb::handle tree,
-      const std::optional<nb::callable>& leaf_predicate,
+      const std::optional<nb::callable>& leaf_predicate, nb::object& leaves,
       size_t expected_num_nodes);
 
   // --- flatten_up_to.cc

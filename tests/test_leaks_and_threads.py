@@ -332,12 +332,13 @@ def test_the_leaf_buffer_across_nested_and_failing_flattens(trees):
 
 
 def test_the_leaf_buffer_past_the_size_a_thread_keeps():
-  # A flatten of more than a million leaves frees its buffer instead of
-  # keeping it; the next flattens, small and large, start from what is kept.
+  # A flatten of more leaves than a thread keeps room for (131,072) frees
+  # its buffer instead of keeping it; the next flattens, small and large,
+  # start from what is kept.
   registry = pt.PyTreeRegistry()
   leaf = Leaf()
   count = sys.getrefcount(leaf)
-  for size in (3, (1 << 20) + 1, 5, (1 << 20) + 1, 0, 1000):
+  for size in (3, (1 << 17) + 1, 5, 1 << 17, (1 << 18) + 1, 0, 1000):
     leaves, treedef = registry.flatten([leaf] * size)
     assert len(leaves) == treedef.num_leaves == size
     assert all(x is leaf for x in leaves)
