@@ -235,34 +235,82 @@ def dump_totals(directory):
   return totals
 
 
-def dump_costs_by_object(directory):
-  """Each dump's exclusive instructions by the file their code lies in (the
-  executable or a shared library, by base name), in the order written."""
+def dump_costs_by_function(directory):
+  """Each dump's exclusive instructions by function, keyed by (the file its
+  code lies in, by base name; the function's name), in the order written."""
   dumps = []
   for path in dump_paths(directory):
-    names = {}  # callgrind's name compression: "(id) name" once, then "(id)"
+    # Callgrind's name compression: "(id) name" once, then "(id)"; objects
+    # (ob=, cob=) and functions (fn=, cfn=) each have their own ids.
+    names = {"ob": {}, "fn": {}}
     costs = {}
-    current = "?"
+    current = ["?", "?"]
     skip_next = False  # the line after calls= is the call's inclusive cost
     with open(path) as f:
       for line in f:
         if skip_next:
           skip_next = False
-        elif line.startswith(("ob=", "cob=")):
-          # A name is given once, in whichever of the two comes first.
-          key, _, name = line.partition("=")[2].strip().partition(" ")
+        elif line.startswith(("ob=", "cob=", "fn=", "cfn=")):
+          spec, _, rest = line.partition("=")
+          kind = spec[-2:]
+          key, _, name = rest.strip().partition(" ")
           if name:
-            names[key] = os.path.basename(name)
-          if line.startswith("ob="):
-            current = names.get(key, key)
+            names[kind][key] = os.path.basename(name) if kind == "ob" else name
+          if spec in ("ob", "fn"):
+            current[spec == "fn"] = names[kind].get(key, key)
         elif line.startswith("calls="):
           skip_next = True
         elif line[:1].isdigit() or line[:1] in "+-*":
           fields = line.split()
           if len(fields) > 1:
-            costs[current] = costs.get(current, 0) + int(fields[1])
+            where = tuple(current)
+            costs[where] = costs.get(where, 0) + int(fields[1])
     dumps.append(costs)
   return dumps
+
+
+def dump_costs_by_object(directory):
+  """Each dump's exclusive instructions by the file their code lies in (the
+  executable or a shared library, by base name), in the order written."""
+  dumps = []
+  for costs in dump_costs_by_function(directory):
+    by_object = {}
+    for (name, _), cost in costs.items():
+      by_object[name] = by_object.get(name, 0) + cost
+    dumps.append(by_object)
+  return dumps
+
+
+# glibc's malloc family and CPython's object allocator, by function name
+# (less callgrind's suffixes: ".isra.0", "'2"). What they cost a call follows
+# the heap's layout (free lists, arenas) more than the code asking for
+# memory: the same call moves by a few hundred instructions between two
+# processes here, and the code outside these functions not at all.
+ALLOCATOR_FUNCTIONS = re.compile(
+    r"(malloc|free|cfree|calloc|realloc|_int_\w+|malloc_consolidate"
+    r"|unlink_chunk|sysmalloc|tcache_\w+|alloc_perturb|free_perturb"
+    r"|_?PyObject_(Malloc|Calloc|Realloc"
+    r"|Free)|_?PyMem_(Raw)?(Malloc|Calloc|Realloc|Free))"
+)
+
+
+def is_allocator(function):
+  """Whether callgrind's name `function` is one of ALLOCATOR_FUNCTIONS."""
+  return (
+      ALLOCATOR_FUNCTIONS.fullmatch(re.split(r"[.']", function)[0]) is not None
+  )
+
+
+def dump_totals_and_allocator(directory):
+  """Each dump's total and the part of it in ALLOCATOR_FUNCTIONS, as two
+  lists in the order written."""
+  dumps = dump_costs_by_function(directory)
+  totals = [sum(costs.values()) for costs in dumps]
+  allocator = [
+      sum(cost for (_, fn), cost in costs.items() if is_allocator(fn))
+      for costs in dumps
+  ]
+  return totals, allocator
 
 
 def callgrind_totals(argv, read=dump_totals, **run_options):
