@@ -159,6 +159,7 @@ void TakeFlatChildren(const Node& node, ItemAt item_at, PyObject** slots) {
 }  // namespace
 
 nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
+  registry();  // Raises on a treedef emptied by the garbage collector.
   const Py_ssize_t total_leaves = num_leaves();
   nb::list leaves = nb::steal<nb::list>(PyList_New(total_leaves));
   // Filled from the last leaf; every slot is set once, so the list is never

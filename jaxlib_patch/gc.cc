@@ -80,11 +80,13 @@ int PyTreeDef::Traverse(visitproc visit, void* arg) const {
 
 void PyTreeDef::Clear() {
   // Only ever called on garbage: leave an empty treedef behind that every
-  // method rejects instead of touching freed objects.
-  traversal_.clear();
-  provenance_.clear();
+  // method rejects instead of touching freed objects. Emptied before anything
+  // drops: dropping node data can run code (a finalizer, a weak reference's
+  // callback) that reaches this treedef, and must find it empty already.
+  Traversal traversal = std::move(traversal_);
+  std::vector<NodeKey> provenance = std::move(provenance_);
   registry_ = nullptr;
-  registry_ref_.reset();
+  nb::object registry_ref = std::move(registry_ref_);
 }
 
 int PyTreeRegistry::Traverse(visitproc visit, void* arg) const {

@@ -59,7 +59,9 @@ struct JitFunctionObject {
   // Its vectorcall function, read once: the calls on arrays jump straight to
   // it, with none of PyObject_Vectorcall's lookup and result check (CPython
   // checks what this function returns). Null where IsMemoizedLeafCall cannot
-  // decide a call: no leaf dispatch, no vectorcall in it, or static argnums.
+  // decide a call (no leaf dispatch, no vectorcall in it, static argnums, or
+  // after tp_clear); then `vectorcall` is CallThroughFrontDoor, which never
+  // reads it.
   vectorcallfunc leaf_vectorcall = nullptr;
   // As given to jax.jit (a negative index counts from the end of a call's
   // positional arguments); the names as a tuple of str.
@@ -72,12 +74,12 @@ struct JitFunctionObject {
   // first call.
   nb::object last_treedef;
   // The type of the last dynamic argument found to be a leaf, and the
-  // registry's number of registrations then: while that number stands, no
-  // type has become a node, so a call on arguments of this type (the common
-  // one: jax Arrays) skips the registry lookup. Held, so that no other type
-  // can take its address. Null before the first such call.
+  // registration epoch then (PyTreeRegistry::registration_epoch): while it
+  // stands, no type has become a node, so a call on arguments of this type
+  // (the common one: jax Arrays) skips the registry lookup. Held, so that no
+  // other type can take its address. Null before the first such call.
   nb::object leaf_type;
-  size_t leaf_type_registrations = 0;
+  size_t leaf_type_epoch = 0;
 };
 
 PyTypeObject* jit_function_type = nullptr;
@@ -178,18 +180,18 @@ bool DynamicArgsArePositionalLeaves(JitFunctionObject* self,
     }
   }
   const PyTreeRegistry& registry = *self->registry_instance;
-  const size_t registrations = registry.num_registrations();
+  const size_t epoch = PyTreeRegistry::registration_epoch();
   for (Py_ssize_t i = 0; i < nargs; ++i) {
     if (IsStaticPosition(self->static_argnums, i, nargs)) continue;
     PyTypeObject* type = Py_TYPE(args[i]);
     if (self->leaf_type.ptr() == reinterpret_cast<PyObject*>(type) &&
-        self->leaf_type_registrations == registrations) {
+        self->leaf_type_epoch == epoch) {
       continue;
     }
     const PyTreeRegistry::Registration* custom = nullptr;
     if (registry.KindOfType(type, &custom) != PyTreeKind::kLeaf) return false;
     self->leaf_type = nb::borrow(reinterpret_cast<PyObject*>(type));
-    self->leaf_type_registrations = registrations;
+    self->leaf_type_epoch = epoch;
   }
   return true;
 }
@@ -326,26 +328,29 @@ nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
 }
 
 // Whether a call is one the last leaf check already answered: no keywords,
-// no static argnums, and every argument of the memoized leaf type while no
-// type has been registered since. The check of every cached call on arrays,
-// so kept to a few loads and compares, with nothing that can fail.
+// and every argument of the memoized leaf type while no type has been
+// registered since. The check of every cached call on arrays, so kept to a
+// few loads and compares, with nothing that can fail. Only
+// JitFunctionVectorcall asks, and only objects with a leaf vectorcall (no
+// static argnums) have it in their slot.
 bool IsMemoizedLeafCall(const JitFunctionObject* self, PyObject* const* args,
                         Py_ssize_t nargs, PyObject* kwnames) {
-  if (kwnames != nullptr || self->leaf_vectorcall == nullptr ||
-      self->leaf_type_registrations !=
-          self->registry_instance->num_registrations()) {
+  if (kwnames != nullptr ||
+      self->leaf_type_epoch != PyTreeRegistry::registration_epoch()) {
     return false;
   }
   PyObject* leaf_type = self->leaf_type.ptr();
-  for (Py_ssize_t i = 0; i < nargs; ++i) {
-    if (reinterpret_cast<PyObject*>(Py_TYPE(args[i])) != leaf_type) {
+  // Last to first: the count is its own index, one register less to keep.
+  while (nargs-- > 0) {
+    if (reinterpret_cast<PyObject*>(Py_TYPE(args[nargs])) != leaf_type) {
       return false;
     }
   }
   return true;
 }
 
-// Every call IsMemoizedLeafCall does not take. Kept out of line, so that the
+// Every call IsMemoizedLeafCall does not take, and the vectorcall slot itself
+// of objects without a leaf vectorcall. Kept out of line, so that the
 // memoized call pays none of its frame.
 [[gnu::noinline]] PyObject* CallThroughFrontDoor(PyObject* callable,
                                                  PyObject* const* args,
@@ -420,16 +425,21 @@ int JitFunctionTraverse(PyObject* self, visitproc visit, void* arg) {
 
 int JitFunctionClear(PyObject* self) {
   auto* o = reinterpret_cast<JitFunctionObject*>(self);
-  Py_CLEAR(o->dict);
-  o->fun.reset();
-  o->make_dispatch.reset();
-  o->dispatch.reset();
-  o->registry.reset();
+  // Dropping a reference can run code (a finalizer, a weak reference's
+  // callback) that calls this object, so it is cleared before anything is
+  // dropped: calls take the out-of-line path, which finds no leaf dispatch
+  // and no make_dispatch and raises. The references move out, then drop.
+  o->vectorcall = CallThroughFrontDoor;
   o->leaf_vectorcall = nullptr;
-  o->leaf_dispatch.reset();
-  o->static_argnames.reset();
-  o->last_treedef.reset();
-  o->leaf_type.reset();
+  nb::object fun = std::move(o->fun);
+  nb::object make_dispatch = std::move(o->make_dispatch);
+  nb::object dispatch = std::move(o->dispatch);
+  nb::object registry = std::move(o->registry);
+  nb::object leaf_dispatch = std::move(o->leaf_dispatch);
+  nb::object static_argnames = std::move(o->static_argnames);
+  nb::object last_treedef = std::move(o->last_treedef);
+  nb::object leaf_type = std::move(o->leaf_type);
+  Py_CLEAR(o->dict);
   return 0;
 }
 
@@ -576,7 +586,6 @@ nb::object MakeJitFunction(nb::callable fun, nb::callable make_dispatch,
   if (self == nullptr) throw nb::python_error();
   auto* o = reinterpret_cast<JitFunctionObject*>(self);
   // tp_alloc zeroes the memory: the members are constructed over it.
-  o->vectorcall = JitFunctionVectorcall;
   new (&o->fun) nb::object(std::move(fun));
   new (&o->make_dispatch) nb::object(std::move(make_dispatch));
   new (&o->dispatch) nb::object();
@@ -588,6 +597,8 @@ nb::object MakeJitFunction(nb::callable fun, nb::callable make_dispatch,
   if (o->leaf_dispatch.is_valid() && o->static_argnums.empty()) {
     o->leaf_vectorcall = PyVectorcall_Function(o->leaf_dispatch.ptr());
   }
+  o->vectorcall =
+      o->leaf_vectorcall ? JitFunctionVectorcall : CallThroughFrontDoor;
   new (&o->static_argnames) nb::object(std::move(names));
   new (&o->last_treedef) nb::object();
   new (&o->leaf_type) nb::object();

@@ -331,6 +331,8 @@ class PrefixBroadcast {
 
 nb::list PyTreeDef::BroadcastFlattenedPrefix(const PyTreeDef& prefix,
                                              nb::handle prefix_leaves) const {
+  registry();  // Raises on treedefs emptied by the garbage collector.
+  prefix.registry();
   return PrefixBroadcast(*this, prefix, prefix_leaves).Run();
 }
 

@@ -16,6 +16,7 @@
 
 #include <Python.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -113,9 +114,13 @@ class PyTreeRegistry {
 
   bool IsNode(nb::handle type) const;
 
-  // Registrations are never removed: while this count stands, no type has
-  // changed how it flattens.
-  size_t num_registrations() const { return registrations_.size(); }
+  // Registrations are never removed, and each one, in any registry, moves
+  // this process-wide count: while it stands, no type has changed how it
+  // flattens in any registry. One count for all registries, so that the jit
+  // front door's leaf memo checks it with a single load.
+  static size_t registration_epoch() {
+    return registration_epoch_.load(std::memory_order_relaxed);
+  }
 
   // Opts `type` and every subclass of it, registered now or later, in to
   // relative identities. `type` itself need not be registered.
@@ -139,6 +144,9 @@ class PyTreeRegistry {
       registrations_;
   // The classes given to OptInRelativeIdentities, in call order.
   std::vector<nb::object> opted_in_bases_;
+  // Defined here, not in registry.cc: a definition the reader's unit sees is
+  // read with one RIP-relative load, not through the GOT.
+  static inline std::atomic<size_t> registration_epoch_{0};
 };
 
 inline bool KeepsIdentity(const PyTreeRegistry::Registration* custom) {
@@ -323,7 +331,13 @@ class PyTreeDef {
   void Clear();
 
   const Traversal& traversal() const { return traversal_; }
-  PyTreeRegistry* registry() const;
+  // The registry; ValueError for a treedef the garbage collector emptied
+  // (Clear), so every operation that reads the nodes asks it first.
+  PyTreeRegistry* registry() const {
+    if (registry_ == nullptr) ThrowCleared();
+    return registry_;
+  }
+  [[noreturn]] static void ThrowCleared();
   const nb::object& registry_ref() const { return registry_ref_; }
 
   // Indices of the roots of the children of the node at `index`, in order.

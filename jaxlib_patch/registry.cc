@@ -46,6 +46,7 @@ void PyTreeRegistry::Insert(std::unique_ptr<Registration> registration) {
             : "Duplicate custom PyTreeDef type registration for ";
     throw nb::value_error((what + Repr(registration->type) + ".").c_str());
   }
+  registration_epoch_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void PyTreeRegistry::RegisterNode(nb::object type, nb::object to_iterable,

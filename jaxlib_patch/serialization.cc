@@ -240,6 +240,7 @@ class ProtoReader {
 }  // namespace
 
 nb::bytes PyTreeDef::SerializeUsingProto() const {
+  registry();  // Raises on a treedef emptied by the garbage collector.
   std::string nodes;
   std::vector<std::string> interned;
   std::unordered_map<std::string, uint32_t> string_ids;

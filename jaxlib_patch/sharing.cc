@@ -275,6 +275,8 @@ class SharingDifferenceWalk {
 }  // namespace
 
 nb::object PyTreeDef::SharingDifference(const PyTreeDef& other) const {
+  registry();  // Raises on treedefs emptied by the garbage collector.
+  other.registry();
   RequireNoExternalReferences(*this, "compare");
   RequireNoExternalReferences(other, "compare with");
   return SharingDifferenceWalk(*this, other).Run();
@@ -313,6 +315,8 @@ PyTreeDef PyTreeDef::Unshared() const {
 
 std::vector<Py_ssize_t> PyTreeDef::ExpansionIndices(
     const PyTreeDef& finer) const {
+  registry();  // Raises on treedefs emptied by the garbage collector.
+  finer.registry();
   RequireNoExternalReferences(*this, "expand");
   RequireNoExternalReferences(finer, "expand to");
   return ExpansionWalk(*this, finer).Run();

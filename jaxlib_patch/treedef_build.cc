@@ -97,7 +97,7 @@ PyTreeDef PyTreeDef::Concatenate(
 }
 
 nb::object PyTreeDef::Compose(const PyTreeDef& inner) const {
-  if (registry_ != inner.registry_) {
+  if (registry() != inner.registry()) {
     throw nb::value_error(
         "PyTree registries of PyTreeDefs passed to Compose() must match.");
   }
@@ -138,7 +138,9 @@ nb::object PyTreeDef::FromNodeDataAndChildren(
   std::vector<nb::object> held;
   std::vector<const PyTreeDef*> child_treedefs;
   for (nb::handle child : children) {
-    child_treedefs.push_back(&CastTreeDef(child));
+    const PyTreeDef& treedef = CastTreeDef(child);
+    treedef.registry();  // Raises on a treedef emptied by the collector.
+    child_treedefs.push_back(&treedef);
     held.push_back(nb::borrow(child));
   }
   PyTreeDef treedef =
@@ -191,7 +193,7 @@ nb::object PyTreeDef::Tuple(nb::handle_t<PyTreeRegistry> registry_ref,
   std::vector<const PyTreeDef*> child_treedefs;
   for (nb::handle item : treedefs) {
     const PyTreeDef& treedef = CastTreeDef(item);
-    if (treedef.registry_ != registry) {
+    if (treedef.registry() != registry) {
       throw nb::value_error(
           "PyTree registries of PyTreeDefs passed to Tuple() must match.");
     }

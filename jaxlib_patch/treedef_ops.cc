@@ -40,12 +40,8 @@ const PyTreeDef& CastTreeDef(nb::handle obj) {
   return nb::cast<const PyTreeDef&>(obj);
 }
 
-PyTreeRegistry* PyTreeDef::registry() const {
-  if (registry_ == nullptr) {
-    throw nb::value_error(
-        "This PyTreeDef was cleared by the garbage collector.");
-  }
-  return registry_;
+void PyTreeDef::ThrowCleared() {
+  throw nb::value_error("This PyTreeDef was cleared by the garbage collector.");
 }
 
 Py_ssize_t PyTreeDef::num_leaves() const {

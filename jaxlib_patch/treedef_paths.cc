@@ -33,7 +33,7 @@ nb::tuple PyTreeDef::KeyPath(const Steps& steps, nb::handle tree) const {
       object = Unflatten(nb::borrow<nb::iterable>(none_leaves));
     }
     for (const auto& [node, child] : steps) {
-      nb::object level = FlattenOneLevelWithKeys(*registry_, object);
+      nb::object level = FlattenOneLevelWithKeys(*registry(), object);
       nb::list pairs = CopyToList(nb::borrow<nb::tuple>(level)[0]);
       nb::tuple pair = nb::borrow<nb::tuple>(pairs[child]);
       keys.append(pair[0]);

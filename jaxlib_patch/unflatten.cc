@@ -202,6 +202,7 @@ class LeafReader {
 }  // namespace
 
 nb::object PyTreeDef::Unflatten(nb::iterable leaves) const {
+  registry();  // Raises on a treedef emptied by the garbage collector.
   LeafReader reader(leaves, num_leaves(), /*with_counts=*/true);
   nb::object tree = BuildBottomUp(
       traversal_, [&](size_t) { return reader.Next(); },
@@ -214,6 +215,7 @@ nb::object PyTreeDef::Unflatten(nb::iterable leaves) const {
 
 nb::object PyTreeDef::Walk(const nb::callable& f_node, nb::handle f_leaf,
                            nb::iterable leaves) const {
+  registry();  // Raises on a treedef emptied by the garbage collector.
   LeafReader reader(leaves, num_leaves(), /*with_counts=*/false);
   nb::object tree = BuildBottomUp(
       traversal_, [&](size_t) { return f_leaf(reader.Next()); },
@@ -226,6 +228,7 @@ nb::object PyTreeDef::Walk(const nb::callable& f_node, nb::handle f_leaf,
 }
 
 nb::object PyTreeDef::FromIterableTree(nb::handle tree) const {
+  registry();  // Raises on a treedef emptied by the garbage collector.
   // First, top-down, the object that stands at each position of the
   // traversal; then the objects are built bottom-up as by unflatten.
   std::vector<nb::object> at(traversal_.size());

@@ -3,9 +3,11 @@
 The runners live here once, so that every test gets the same interleaving,
 the same module in its children and the same report of a crash: `run_child`
 runs a program in a fresh interpreter, `isolated` runs a test in a forked
-copy of this one, `run_in_threads` runs workers in threads.
+copy of this one, `run_in_threads` runs workers in threads. Also
+`clear_as_the_collector_does`, the one way the tests call a type's tp_clear.
 """
 
+import ctypes
 import functools
 import os
 import signal
@@ -138,3 +140,25 @@ def run_in_threads(worker, count, timeout):
   finally:
     sys.setswitchinterval(old)
   return errors
+
+
+def clear_as_the_collector_does(obj):
+  """Calls `obj`'s tp_clear directly, as the collector does on a cycle it
+  frees, with `obj` still alive after it: for the tests of calls on an object
+  while it is cleared (from code that dropping its references runs) and
+  after. Through the collector, the moment is the collector's to choose."""
+  get_slot = ctypes.pythonapi.PyType_GetSlot
+  get_slot.restype = ctypes.c_void_p
+  get_slot.argtypes = [ctypes.py_object, ctypes.c_int]
+  py_tp_clear = 51  # CPython's typeslots.h
+  # PYFUNCTYPE: tp_clear runs with the GIL held, as under the collector.
+  clear = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object)(
+      get_slot(type(obj), py_tp_clear)
+  )
+  assert clear(obj) == 0
+
+
+def by_address(address):
+  """The live object at `address` (its id), as a new strong reference: how a
+  callback reaches an object it must not keep alive."""
+  return ctypes.cast(address, ctypes.py_object).value

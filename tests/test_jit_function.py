@@ -19,6 +19,7 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from jaxlib_patch import pytree as pt
+from harness import by_address, clear_as_the_collector_does, isolated
 from nodes import PNode, register_all
 
 REG = register_all(pt.PyTreeRegistry(), opt_in=True)
@@ -234,6 +235,47 @@ def test_weak_references_and_cycles():
   del model
   gc.collect()
   assert model_ref() is None
+
+
+@pytest.mark.parametrize("dying", ["leaf dispatch", "function", "dict"])
+@isolated
+def test_a_call_during_and_after_tp_clear_raises(dying):
+  # tp_clear drops the object's references while the object lives on, and
+  # code that a drop runs (here a weak reference's callback) may call it.
+  # That call, and every later one, must raise: neither reach a half-dropped
+  # dispatch nor jump to the leaf dispatch through the memoized leaf call.
+  seen = []
+
+  def call_it(_):
+    jitted = by_address(address)
+    for args in [(1.5,), (PNode("n", [1]),)]:
+      try:
+        seen.append(jitted(*args))
+      except ValueError as e:
+        seen.append(e)
+
+  def held(*args):  # the function the weak reference watches
+    return "leaf result"
+
+  watch = weakref.ref(held, call_it)
+  if dying == "leaf dispatch":  # a function: the memoized call jumps to it
+    jitted, _ = make(leaf=held)
+  elif dying == "function":
+    jitted, _ = make(fun=held, leaf=lambda *args: "leaf result")
+  else:
+    jitted, _ = make(leaf=lambda *args: "leaf result")
+    jitted.attribute = held
+  del held
+  assert jitted(2.5) == "leaf result"  # float memoized as a leaf type
+  address = id(jitted)
+  clear_as_the_collector_does(jitted)
+  assert watch() is None and len(seen) == 2
+  for result in seen:
+    assert isinstance(result, ValueError), seen
+    assert "cleared by the garbage collector" in str(result)
+  for args in [(1.5,), (PNode("n", [1]),)]:
+    with pytest.raises(ValueError, match="cleared by the garbage collector"):
+      jitted(*args)
 
 
 def test_no_reference_leaks():

@@ -25,11 +25,17 @@ from hypothesis import strategies as st
 from jaxlib._jax import pytree as stock
 from jaxlib_patch import pytree as pt
 
-from harness import run_in_threads
+from harness import (
+    by_address,
+    clear_as_the_collector_does,
+    isolated,
+    run_in_threads,
+)
 from nodes import (
     Box,
     DNode,
     KNode,
+    PNode,
     Leaf,
     box_flatten,
     knode_flatten,
@@ -411,6 +417,67 @@ def test_gc_collects_treedef_in_its_own_aux():
   ref = build()
   gc.collect()
   assert ref() is None
+
+
+def cleared_treedef_operations(td, other):
+  """Every PyTreeDef operation that reads `td`'s nodes, by name."""
+  return {
+      "unflatten": lambda: td.unflatten([1, 2]),
+      "walk": lambda: td.walk(lambda *a: 0, lambda x: x, [1, 2]),
+      "flatten_up_to": lambda: td.flatten_up_to(PNode("n", [1, 2])),
+      "from_iterable_tree": lambda: td.from_iterable_tree((1, 2)),
+      "node_data": td.node_data,
+      "compose": lambda: td.compose(other),
+      "composed into": lambda: other.compose(td),
+      "treedef_tuple": lambda: pt.treedef_tuple(REG, [other, td]),
+      "from_node_data_and_children": lambda: td.from_node_data_and_children(
+          REG, (tuple, None), [other, td]
+      ),
+      "broadcast_flattened_prefix": lambda: other.broadcast_flattened_prefix(
+          td, [1]
+      ),
+      "serialize_using_proto": td.serialize_using_proto,
+      "pickle": lambda: pickle.dumps(td),
+      "unshared": td.unshared,
+      "common_sharing": lambda: td.common_sharing(other),
+      "sharing_difference": lambda: other.sharing_difference(td),
+      "expansion_indices": lambda: td.expansion_indices(other),
+  }
+
+
+@isolated
+def test_a_treedef_during_and_after_tp_clear_is_empty_and_raises():
+  """tp_clear (the collector's, on a cycle through node data) leaves an
+  empty treedef whose operations raise ValueError; code that dropping its
+  node data runs (a weak reference's callback) finds it so already, never
+  half-dropped nodes."""
+  seen = []
+
+  def use_it(_):
+    td = by_address(address)
+    seen.append((td.num_leaves, td.num_nodes, repr(td)))
+    for name, operation in cleared_treedef_operations(td, other).items():
+      try:
+        operation()
+        seen.append(f"{name}: no error")
+      except ValueError as e:
+        seen.append(str(e))
+
+  data = Aux()
+  watch = weakref.ref(data, use_it)
+  _, td = REG.flatten(PNode(data, [1, 2]))
+  _, other = REG.flatten((1, 2))
+  del data
+  address = id(td)
+  clear_as_the_collector_does(td)
+  assert watch() is None
+  assert seen[0] == (0, 0, "PyTreeDef()")
+  cleared = "This PyTreeDef was cleared by the garbage collector."
+  assert seen[1:] == [cleared] * len(cleared_treedef_operations(td, other))
+  for name, operation in cleared_treedef_operations(td, other).items():
+    with pytest.raises(ValueError, match="cleared by the garbage collector"):
+      operation()
+  assert td == td and hash(td) == hash(td) and td != other
 
 
 # ---------------------------------------------------------------------------
