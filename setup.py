@@ -17,6 +17,13 @@ from setuptools import Extension, setup
 
 NANOBIND = os.path.dirname(nanobind.__file__)
 HERE = os.path.dirname(os.path.abspath(__file__))
+NANOBIND_SOURCE = os.path.join(NANOBIND, "src", "nb_combined.cpp")
+if os.path.commonpath([os.path.abspath(NANOBIND_SOURCE), HERE]) == HERE:
+  # A nanobind inside the checkout (a venv there, and a build without
+  # isolation): egg_info lists such a source in its manifest as it is given,
+  # and build_py then rejects the absolute path, in this build and in every
+  # later one that reads the manifest.
+  NANOBIND_SOURCE = os.path.relpath(NANOBIND_SOURCE, HERE)
 
 
 def compile_flags():
@@ -48,7 +55,7 @@ else:
 pytree = Extension(
     "jaxlib_patch.pytree",
     sources=sorted(glob.glob("jaxlib_patch/*.cc"))
-    + [os.path.join(NANOBIND, "src", "nb_combined.cpp")],
+    + [NANOBIND_SOURCE],
     include_dirs=[
         ".",
         os.path.join(NANOBIND, "include"),

@@ -45,7 +45,8 @@ struct JitFunctionObject {
   nb::object make_dispatch;
   nb::object registry;
   // The C++ object of `registry`, looked up once: nb::inst_ptr is an
-  // out-of-line call, and the leaf check runs on every call.
+  // out-of-line call, and DynamicArgsArePositionalLeaves reads it on every
+  // call that the memoized leaf type does not settle.
   const PyTreeRegistry* registry_instance = nullptr;
   // The stock dispatch, built by `make_dispatch` when first needed: a
   // function called only on leaves never needs it, and `jax.jit(f)(x)`
