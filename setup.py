@@ -54,8 +54,7 @@ else:
 
 pytree = Extension(
     "jaxlib_patch.pytree",
-    sources=sorted(glob.glob("jaxlib_patch/*.cc"))
-    + [NANOBIND_SOURCE],
+    sources=sorted(glob.glob("jaxlib_patch/*.cc")) + [NANOBIND_SOURCE],
     include_dirs=[
         ".",
         os.path.join(NANOBIND, "include"),

@@ -2,6 +2,7 @@
 // apart of one node that the other flattens share (flatten_common.h).
 
 #include <algorithm>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -146,69 +147,76 @@ nb::object MetaFields(nb::handle obj,
 
 namespace {
 
-// Leaves past the first kInlineLeaves of a flatten (LeafCollector), as new
-// references, until they become its list. Appended to a Python list one at a
-// time, they would grow it by an eighth at a time, each step a realloc that
-// copies the whole list wherever the heap has no room after it: several
+// Room for the leaves past the first kInlineLeaves of a flatten
+// (LeafCollector) until they become its list. Appended to a Python list one
+// at a time, they would grow it by an eighth at a time, each step a realloc
+// that copies the whole list wherever the heap has no room after it: several
 // copies of the final list per flatten, more or fewer with the heap's
-// layout. This buffer keeps its capacity from one flatten to the next
-// (SpareLease), and the list is made once, at its final size.
+// layout. This room keeps its size from one flatten to the next
+// (SpareLease), and the list is made once, at its final size. It is storage
+// only: the collector owns the references it writes here.
 class LeafBuffer {
  public:
   LeafBuffer() = default;
   LeafBuffer(const LeafBuffer&) = delete;
   LeafBuffer& operator=(const LeafBuffer&) = delete;
-  ~LeafBuffer() { Clear(); }
 
-  Py_ssize_t size() const { return static_cast<Py_ssize_t>(items_.size()); }
+  PyObject** slots() const { return slots_.get(); }
+  size_t capacity() const { return capacity_; }
 
-  // Takes over the reference `leaf`, or leaves it to the caller if this
-  // throws.
-  void Append(PyObject* leaf) { items_.push_back(leaf); }
-
-  // Hands the references over to `slots` and forgets them.
-  void MoveTo(PyObject** slots) {
-    std::copy(items_.begin(), items_.end(), slots);
-    items_.clear();
+  // At least twice the room (and at least kMinLeaves), the first `used`
+  // slots kept.
+  void Grow(size_t used) {
+    const size_t capacity = std::max(kMinLeaves, 2 * capacity_);
+    auto slots = std::make_unique<PyObject*[]>(capacity);
+    std::copy(slots_.get(), slots_.get() + used, slots.get());
+    slots_ = std::move(slots);
+    capacity_ = capacity;
   }
 
-  // Releases the leaves of a flatten that failed.
-  void Clear() {
-    for (PyObject* leaf : items_) Py_DECREF(leaf);
-    items_.clear();
-  }
+  // Holds no reference, so there is nothing to release.
+  void Clear() {}
 
   // A buffer grown past 131,072 leaves (1 MiB) is freed rather than kept
   // for the thread's lifetime.
-  bool KeepAsSpare() const { return items_.capacity() <= kMaxSpareLeaves; }
+  bool KeepAsSpare() const { return capacity_ <= kMaxSpareLeaves; }
 
  private:
+  static constexpr size_t kMinLeaves = 64;
   static constexpr size_t kMaxSpareLeaves = size_t{1} << 17;
 
-  std::vector<PyObject*> items_;
+  std::unique_ptr<PyObject*[]> slots_;
+  size_t capacity_ = 0;
 };
 
-// The leaves of one flatten. Most flattens have a few (a call's arguments,
-// a sharding spec): they stay here, and only a flatten of more takes the
-// thread's LeafBuffer, which costs two thread-local lookups.
+// The leaves of one flatten, as new references. Most flattens have a few (a
+// call's arguments, a sharding spec): they stay in `inline_`, and only a
+// flatten of more takes the thread's LeafBuffer, which costs two
+// thread-local lookups. Either way an append is a store at `cursor_`, and
+// only the end of the room (`limit_`) takes the out-of-line step.
 class LeafCollector {
  public:
   LeafCollector() = default;
   LeafCollector(const LeafCollector&) = delete;
   LeafCollector& operator=(const LeafCollector&) = delete;
+  // Releases the leaves of a flatten that failed; the lease of the buffer is
+  // handed back after, so that finalizers run here make their own.
   ~LeafCollector() {
     for (Py_ssize_t k = 0; k < num_inline(); ++k) Py_DECREF(inline_[k]);
+    if (run_ != nullptr) {
+      for (PyObject** leaf = run_; leaf != cursor_; ++leaf) Py_DECREF(*leaf);
+    }
   }
 
+  // A count of its own, not derived from `cursor_`: the flatten reads it
+  // twice a node, and it costs one increment a leaf.
   Py_ssize_t size() const { return size_; }
 
   void Append(nb::handle leaf) { Append(nb::borrow(leaf)); }
   void Append(nb::object&& leaf) {
-    if (size_ < kInlineLeaves) {
-      inline_[size_++] = leaf.release().ptr();
-    } else {
-      Spill(std::move(leaf));
-    }
+    if (cursor_ == limit_) MakeRoom();
+    *cursor_++ = leaf.release().ptr();
+    ++size_;
   }
 
   // The leaves as a new list, which takes over the references.
@@ -219,27 +227,34 @@ class LeafCollector {
     // A loop, not std::copy: for the few leaves of most flattens a call of
     // memmove costs more than the copy.
     for (Py_ssize_t k = 0; k < num_inline(); ++k) slots[k] = inline_[k];
-    if (spilled_ != nullptr) spilled_->MoveTo(slots + kInlineLeaves);
+    if (run_ != nullptr) std::copy(run_, cursor_, slots + kInlineLeaves);
     size_ = 0;
+    run_ = nullptr;
     return list;
   }
 
  private:
-  // Out of line, so that the inline appends stay small enough to inline.
-  [[gnu::noinline]] void Spill(nb::object&& leaf) {
-    if (spilled_ == nullptr) spilled_ = &buffer_.Get();
-    spilled_->Append(leaf.ptr());
-    leaf.release();
-    ++size_;
-  }
-
   static constexpr Py_ssize_t kInlineLeaves = 16;
 
   Py_ssize_t num_inline() const { return std::min(size_, kInlineLeaves); }
 
+  // Out of line, so that the appends stay small enough to inline.
+  [[gnu::noinline]] void MakeRoom() {
+    LeafBuffer& buffer = buffer_.Get();
+    const size_t used = run_ != nullptr ? cursor_ - run_ : 0;
+    if (used == buffer.capacity()) buffer.Grow(used);
+    run_ = buffer.slots();
+    cursor_ = run_ + used;
+    limit_ = run_ + buffer.capacity();
+  }
+
   PyObject* inline_[kInlineLeaves];
+  // Where the next leaf goes and where its room ends: in `inline_`, then
+  // in the buffer, whose leaves start at `run_` (null before).
+  PyObject** cursor_ = inline_;
+  PyObject** limit_ = inline_ + kInlineLeaves;
+  PyObject** run_ = nullptr;
   Py_ssize_t size_ = 0;
-  LeafBuffer* spilled_ = nullptr;  // The leaves after the inline ones.
   SpareLease<LeafBuffer> buffer_;
 };
 
@@ -450,10 +465,10 @@ class Flattener {
   }
 
   void AddLeaf(nb::handle obj) {
-    Node leaf;
+    // Made in place: a Node moved in would be built, moved and destroyed.
+    Node& leaf = traversal_.emplace_back();
     leaf.num_leaves = 1;
     leaf.num_nodes = 1;
-    traversal_.push_back(std::move(leaf));
     if constexpr (kWithPath) {
       leaves_.Append(nb::make_tuple(CurrentPath(), obj));
     } else {

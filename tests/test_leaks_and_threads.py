@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 import pickle
 import sys
+import threading
 import weakref
 
 import pytest
@@ -350,6 +351,31 @@ def test_the_leaf_buffer_past_the_size_a_thread_keeps():
     assert all(x is leaf for x in leaves)
     del leaves, treedef
     assert sys.getrefcount(leaf) == count
+
+
+def test_the_leaf_buffer_at_each_edge_of_its_room_from_a_new_thread():
+  # A new thread has no buffer kept: the first 16 leaves stay in the
+  # flatten's own room, then the buffer starts at 64 and doubles. Every size
+  # around those edges, in order, each flatten after a larger one too.
+  results = []
+
+  def flatten_each():
+    registry = pt.PyTreeRegistry()
+    for size in (0, 1, 15, 16, 17, 79, 80, 81, 143, 144, 145, 17, 300, 5):
+      tree = [Leaf() for _ in range(size)]
+      counts = [sys.getrefcount(x) for x in tree]
+      leaves, treedef = registry.flatten(tree)
+      results.append(
+          len(leaves) == treedef.num_leaves == size
+          and all(a is b for a, b in zip(leaves, tree))
+      )
+      del leaves, treedef
+      results.append([sys.getrefcount(x) for x in tree] == counts)
+
+  thread = threading.Thread(target=flatten_each)
+  thread.start()
+  thread.join()
+  assert len(results) == 28 and all(results), results
 
 
 # ---------------------------------------------------------------------------
