@@ -172,6 +172,15 @@ nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
   agenda.reserve(traversal_.size());
   agenda.push_back(nb::borrow(tree));
   std::optional<SharingChecker> sharing;
+  // A treedef of a registry without relative identities takes the tree as
+  // stock does, one object at two places as two nodes, unless it has
+  // references itself (assembled from pieces of another registry's).
+  std::optional<bool> checks_sharing;
+  if (registry()->keeps_relative_identities()) checks_sharing = true;
+  const auto sharing_checked = [&] {
+    if (!checks_sharing) checks_sharing = HasSharedNodes();
+    return *checks_sharing;
+  };
 
   // Walks the traversal backwards: a pre-order walk from the right, so the
   // agenda holds the objects still to match, the next one on top.
@@ -180,7 +189,7 @@ nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
     JAXLIB_PATCH_EXPECT(!agenda.empty(), "Agenda underflow in flatten_up_to");
     nb::object object = std::move(agenda.back());
     agenda.pop_back();
-    if (KeepsIdentity(node.custom)) {
+    if (KeepsIdentity(node.custom) && sharing_checked()) {
       if (!sharing) sharing.emplace(*this, tree);
       sharing->Check(object, i);
       if (node.is_reference()) continue;

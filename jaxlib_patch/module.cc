@@ -106,10 +106,16 @@ NB_MODULE(pytree, m) {
 
   nb::class_<PyTreeRegistry>(m, "PyTreeRegistry", nb::dynamic_attr(),
                              nb::type_slots(registry_gc_slots))
-      .def(nb::init<bool, bool, bool, bool, bool>(),
+      .def(nb::init<bool, bool, bool, bool, bool, bool>(),
            nb::arg("enable_none") = true, nb::arg("enable_tuple") = true,
            nb::arg("enable_namedtuple") = true, nb::arg("enable_list") = true,
-           nb::arg("enable_dict") = true)
+           nb::arg("enable_dict") = true, nb::kw_only(),
+           nb::arg("keeps_relative_identities") = true)
+      .def_prop_ro("keeps_relative_identities",
+                   &PyTreeRegistry::keeps_relative_identities,
+                   "Whether this registry's flattens keep relative identities "
+                   "(a shared opted-in node once, its other places as "
+                   "references) or lay trees out as stock jaxlib does.")
       .def("flatten", &PyTreeDef::Flatten<false>, nb::arg("tree").none(),
            nb::arg("leaf_predicate").none() = nb::none(),
            nb::sig("def flatten(self, tree: object | None, leaf_predicate: "
@@ -252,6 +258,21 @@ NB_MODULE(pytree, m) {
            "(`td.unshared()` shares none), else ValueError.",
            nb::sig("def expansion_indices(self, finer: PyTreeDef) -> "
                    "list[int]"))
+      .def("sharing_where_leaves_agree", &PyTreeDef::SharingWhereLeavesAgree,
+           nb::arg("leaf_classes"),
+           "This tree, sharing a node only where this treedef shares it and "
+           "every occurrence of it holds leaves of the same classes. "
+           "`leaf_classes` gives one class (an int) per leaf of the tree laid "
+           "out without sharing (`unshared()`), e.g. the identity of the "
+           "values there: positions the values cannot tell apart stay one "
+           "node.",
+           nb::sig("def sharing_where_leaves_agree(self, leaf_classes: "
+                   "typing.Sequence[int]) -> PyTreeDef"))
+      .def_prop_ro("keeps_relative_identities",
+                   &PyTreeDef::keeps_relative_identities,
+                   "Whether this treedef's registry keeps relative "
+                   "identities (PyTreeRegistry.keeps_relative_identities): "
+                   "the layout a tree made to match this one is flattened in.")
       .def("common_sharing", &PyTreeDef::CommonSharing, nb::arg("other"),
            "The tree of this treedef and `other`, which must be the same "
            "tree but for their sharing (else ValueError), sharing a node "

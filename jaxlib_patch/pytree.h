@@ -88,7 +88,8 @@ class PyTreeRegistry {
   };
 
   PyTreeRegistry(bool enable_none, bool enable_tuple, bool enable_namedtuple,
-                 bool enable_list, bool enable_dict);
+                 bool enable_list, bool enable_dict,
+                 bool keeps_relative_identities = true);
   // Treedefs point into a registry's registrations: it is never copied (and
   // nanobind, seeing it cannot be, binds no copy).
   PyTreeRegistry(const PyTreeRegistry&) = delete;
@@ -114,6 +115,13 @@ class PyTreeRegistry {
 
   bool IsNode(nb::handle type) const;
 
+  // Whether this registry's flattens keep relative identities. A registry
+  // made without them still records which types opted in (its treedefs equal
+  // those of a registry with them wherever nothing is shared), but writes a
+  // shared node out at each of its positions, as stock jaxlib does, and its
+  // treedefs' flatten_up_to takes a tree that shares as stock takes it.
+  bool keeps_relative_identities() const { return keeps_relative_identities_; }
+
   // Registrations are never removed, and each one, in any registry, moves
   // this process-wide count: while it stands, no type has changed how it
   // flattens in any registry. One count for all registries, so that the jit
@@ -138,6 +146,7 @@ class PyTreeRegistry {
   bool InheritsOptIn(PyTypeObject* type) const;
 
   bool enable_none_, enable_tuple_, enable_list_, enable_dict_;
+  bool keeps_relative_identities_;
   // Registrations are never removed, so the pointers handed out stay valid
   // for the registry's lifetime (treedefs keep their registry alive).
   std::unordered_map<PyTypeObject*, std::unique_ptr<Registration>, PointerHash>
@@ -314,6 +323,16 @@ class PyTreeDef {
   // the node's type, the key path of the earlier place that is the same node
   // here or None, the same there or None); None if they share alike.
   nb::object SharingDifference(const PyTreeDef& other) const;
+  // This tree, sharing a node only where this treedef shares it and each
+  // occurrence holds leaves of the same classes; `leaf_classes` has one class
+  // per leaf of the tree laid out without sharing (Unshared()). Positions
+  // whose values cannot tell them apart stay one node.
+  PyTreeDef SharingWhereLeavesAgree(
+      const std::vector<int64_t>& leaf_classes) const;
+  // Whether this treedef's registry keeps relative identities.
+  bool keeps_relative_identities() const {
+    return registry()->keeps_relative_identities();
+  }
 
   // --- serialization.cc
   nb::object GetState() const;

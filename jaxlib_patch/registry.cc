@@ -9,11 +9,12 @@ namespace jaxlib_patch {
 
 PyTreeRegistry::PyTreeRegistry(bool enable_none, bool enable_tuple,
                                bool enable_namedtuple, bool enable_list,
-                               bool enable_dict)
+                               bool enable_dict, bool keeps_relative_identities)
     : enable_none_(enable_none),
       enable_tuple_(enable_tuple),
       enable_list_(enable_list),
-      enable_dict_(enable_dict) {
+      enable_dict_(enable_dict),
+      keeps_relative_identities_(keeps_relative_identities) {
   // Stock jaxlib accepts enable_namedtuple but always treats namedtuples as
   // nodes; so does this module.
   (void)enable_namedtuple;

@@ -8,8 +8,11 @@
 // Both walks follow references into their targets, so they visit the tree as
 // stock would have flattened it, each shared subtree once per occurrence.
 
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <tsl/robin_map.h>
@@ -196,6 +199,77 @@ class CommonSharingWalk {
       written_;
 };
 
+// PyTreeDef.sharing_where_leaves_agree: walks the treedef as stock lays the
+// tree out, counting its leaves, and writes each occurrence of a shared node
+// as a reference to an earlier one only where both hold leaves of the same
+// classes. An occurrence is written out first and dropped again if it turns
+// out to repeat one: nothing inside it can have been new, since an equal
+// earlier occurrence holds the same nodes with the same classes.
+class AgreeingSharingWalk {
+ public:
+  AgreeingSharingWalk(const PyTreeDef& treedef,
+                      const std::vector<int64_t>& leaf_classes, Traversal& out)
+      : treedef_(treedef), classes_(leaf_classes), out_(out) {}
+
+  void Run() {
+    Visit(treedef_.traversal().size() - 1);
+    if (leaf_ != classes_.size()) ThrowWrongCount();
+  }
+
+ private:
+  using Key = std::pair<Py_ssize_t, std::vector<int64_t>>;
+  struct KeyHash {
+    size_t operator()(const Key& key) const {
+      size_t hash = std::hash<Py_ssize_t>()(key.first);
+      for (int64_t c : key.second) hash = HashCombine(hash, c);
+      return hash;
+    }
+  };
+
+  [[noreturn]] void ThrowWrongCount() const {
+    throw nb::value_error(
+        ("sharing_where_leaves_agree: " + std::to_string(classes_.size()) +
+         " leaf classes given for a tree of " +
+         std::to_string(treedef_.Unshared().num_leaves()) +
+         " leaves laid out without sharing.")
+            .c_str());
+  }
+
+  void Visit(Py_ssize_t at) {
+    RecursionGuard guard(kInSharingQuery);
+    const Py_ssize_t index = Resolve(treedef_, at);
+    const Node& node = treedef_.traversal()[index];
+    if (node.kind == PyTreeKind::kLeaf) {
+      if (leaf_ >= classes_.size()) ThrowWrongCount();
+      ++leaf_;
+      out_.push_back(node);
+      return;
+    }
+    const size_t first_node = out_.size(), first_leaf = leaf_;
+    for (Py_ssize_t child : treedef_.ChildIndices(index)) Visit(child);
+    out_.push_back(node);
+    out_.back().shared_distance = 0;
+    if (!KeepsIdentity(node.custom)) return;
+    Key key{index, std::vector<int64_t>(classes_.begin() + first_leaf,
+                                        classes_.begin() + leaf_)};
+    auto [written, fresh] = written_.try_emplace(std::move(key), out_.size() - 1);
+    if (fresh) return;
+    out_.resize(first_node);
+    Node reference;
+    reference.kind = node.kind;
+    reference.custom = node.custom;
+    reference.shared_distance = out_.size() - written->second;
+    out_.push_back(std::move(reference));
+  }
+
+  const PyTreeDef& treedef_;
+  const std::vector<int64_t>& classes_;
+  Traversal& out_;
+  size_t leaf_ = 0;
+  // Each occurrence written out so far, by its node and leaf classes.
+  std::unordered_map<Key, Py_ssize_t, KeyHash> written_;
+};
+
 // PyTreeDef.sharing_difference: walks two treedefs of one tree together, in
 // pre-order, and finds the first place where one repeats a node that the
 // other does not repeat, or repeats another.
@@ -329,6 +403,15 @@ PyTreeDef PyTreeDef::CommonSharing(const PyTreeDef& other) const {
   CommonSharingWalk(*this, other, common.traversal_).Run();
   JAXLIB_PATCH_EXPECT_VALID(common);
   return common;
+}
+
+PyTreeDef PyTreeDef::SharingWhereLeavesAgree(
+    const std::vector<int64_t>& leaf_classes) const {
+  RequireNoExternalReferences(*this, "narrow");
+  PyTreeDef agreeing(registry(), registry_ref_);
+  AgreeingSharingWalk(*this, leaf_classes, agreeing.traversal_).Run();
+  JAXLIB_PATCH_EXPECT_VALID(agreeing);
+  return agreeing;
 }
 
 }  // namespace jaxlib_patch

@@ -47,15 +47,18 @@ def norm_msg(msg: str) -> str:
   * memory addresses (``0x7f...``);
   * the module path of the pytree classes (nanobind argument-mismatch
     messages name ``jaxlib._jax.pytree.PyTreeDef`` etc.);
-  * the candidate's documented extra keyword-only parameter, which shows up
-    in the signature nanobind prints for register_node and
-    register_dataclass_node.
+  * the candidate's documented extra keyword-only parameters, which show up
+    in the signatures nanobind prints for register_node,
+    register_dataclass_node and PyTreeRegistry's constructor.
   """
   msg = re.sub(r"0x[0-9a-fA-F]+", "0x?", msg)
   for name in _MODULE_NAMES:
     msg = msg.replace(name + ".", "<pytree>.")
   msg = re.sub(
       r",\s*\*,\s*preserve_relative_identities:\s*bool\s*=\s*\w+", "", msg
+  )
+  msg = re.sub(
+      r",\s*\*,\s*keeps_relative_identities:\s*bool\s*=\s*\w+", "", msg
   )
   return msg
 

@@ -1,0 +1,98 @@
+"""Registries without relative identities, and sharing where leaves agree.
+
+A registry made with ``keeps_relative_identities=False`` records which types
+opted in but lays every tree out as stock jaxlib does: JAX's own code
+flattens with such registries, so that code nobody taught about sharing sees
+what it sees on stock. ``sharing_where_leaves_agree`` narrows a treedef's
+sharing to the shared nodes whose places hold the same leaves, which is how
+a map over trees that share differently keeps the ties its values cannot
+tell apart. Checked on generated trees, and against stock jaxlib.
+"""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jaxlib._jax import pytree as stock_pt
+
+import nodes
+from jaxlib_patch import pytree as pt
+
+KEEPING = nodes.register_all(pt.PyTreeRegistry(), True)
+STOCK_LAYOUT = nodes.register_all(
+    pt.PyTreeRegistry(keeps_relative_identities=False), True
+)
+STOCK = nodes.register_all(stock_pt.PyTreeRegistry(), False)
+
+
+@st.composite
+def shared_trees(draw):
+  """Lists of opted-in nodes drawn from a small pool, so that some repeat
+  (also inside each other), with int leaves."""
+  pool = []
+  for i in range(draw(st.integers(1, 5))):
+    children = draw(
+        st.lists(st.one_of(st.integers(0, 9), st.sampled_from(pool))
+                 if pool else st.integers(0, 9), max_size=3)
+    )
+    pool.append(nodes.PNode(f"t{i}", children))
+  return draw(st.lists(st.sampled_from(pool), min_size=1, max_size=6))
+
+
+def test_the_flag_is_a_keyword_and_a_query():
+  assert KEEPING.keeps_relative_identities
+  assert not STOCK_LAYOUT.keeps_relative_identities
+  assert not STOCK_LAYOUT.flatten([1])[1].keeps_relative_identities
+  assert KEEPING.flatten([1])[1].keeps_relative_identities
+  assert STOCK_LAYOUT.preserves_relative_identities(nodes.PNode)
+
+
+@settings(max_examples=150, deadline=None)
+@given(shared_trees())
+def test_stock_layout_is_the_unshared_tree_and_stocks(tree):
+  leaves, treedef = KEEPING.flatten(tree)
+  stock_leaves, stock_treedef = STOCK_LAYOUT.flatten(tree)
+  assert not stock_treedef.has_shared_nodes
+  assert stock_treedef == treedef.unshared()
+  assert hash(stock_treedef) == hash(treedef.unshared())
+  assert stock_leaves == [leaves[i] for i in
+                          treedef.expansion_indices(stock_treedef)]
+  reference_leaves, reference = STOCK.flatten(tree)
+  assert stock_leaves == reference_leaves
+  assert stock_treedef.num_nodes == reference.num_nodes
+  # flatten_up_to takes the shared tree as stock does: one place each.
+  assert stock_treedef.flatten_up_to(tree) == reference.flatten_up_to(tree)
+  assert stock_treedef.unflatten(stock_leaves) is not None
+
+
+@settings(max_examples=150, deadline=None)
+@given(shared_trees(), st.data())
+def test_sharing_where_leaves_agree(tree, data):
+  leaves, treedef = KEEPING.flatten(tree)
+  unshared = treedef.unshared()
+  places = treedef.expansion_indices(unshared)
+  # The tree's own leaves agree at every copy: all its sharing stays.
+  assert treedef.sharing_where_leaves_agree(places) == treedef
+  # All places told apart: no leaf stays shared (a node without leaves has
+  # nothing to tell its places apart, and stays one).
+  apart = treedef.sharing_where_leaves_agree(list(range(len(places))))
+  assert apart.num_leaves == unshared.num_leaves
+  # Any classes: the result shares only where the treedef does, and a node
+  # stays shared exactly where its places' classes agree.
+  classes = data.draw(st.lists(st.integers(0, 2), min_size=len(places),
+                               max_size=len(places)))
+  kept = treedef.sharing_where_leaves_agree(classes)
+  kept_places = kept.expansion_indices(unshared)
+  treedef.expansion_indices(kept)  # Raises unless kept is coarser.
+  for k, leaf in enumerate(kept_places):
+    first = kept_places.index(leaf)
+    assert classes[k] == classes[first] and places[k] == places[first]
+
+
+def test_leaf_classes_of_the_wrong_count_are_a_value_error():
+  shared = nodes.PNode("s", [1, 2])
+  _, treedef = KEEPING.flatten([shared, shared])
+  try:
+    treedef.sharing_where_leaves_agree([0, 0])
+  except ValueError as e:
+    assert "2 leaf classes given for a tree of 4 leaves" in str(e)
+  else:
+    raise AssertionError("no ValueError")
