@@ -252,7 +252,8 @@ class AgreeingSharingWalk {
     if (!KeepsIdentity(node.custom)) return;
     Key key{index, std::vector<int64_t>(classes_.begin() + first_leaf,
                                         classes_.begin() + leaf_)};
-    auto [written, fresh] = written_.try_emplace(std::move(key), out_.size() - 1);
+    auto [written, fresh] =
+        written_.try_emplace(std::move(key), out_.size() - 1);
     if (fresh) return;
     out_.resize(first_node);
     Node reference;

@@ -30,8 +30,12 @@ def shared_trees(draw):
   pool = []
   for i in range(draw(st.integers(1, 5))):
     children = draw(
-        st.lists(st.one_of(st.integers(0, 9), st.sampled_from(pool))
-                 if pool else st.integers(0, 9), max_size=3)
+        st.lists(
+            st.one_of(st.integers(0, 9), st.sampled_from(pool))
+            if pool
+            else st.integers(0, 9),
+            max_size=3,
+        )
     )
     pool.append(nodes.PNode(f"t{i}", children))
   return draw(st.lists(st.sampled_from(pool), min_size=1, max_size=6))
@@ -53,8 +57,9 @@ def test_stock_layout_is_the_unshared_tree_and_stocks(tree):
   assert not stock_treedef.has_shared_nodes
   assert stock_treedef == treedef.unshared()
   assert hash(stock_treedef) == hash(treedef.unshared())
-  assert stock_leaves == [leaves[i] for i in
-                          treedef.expansion_indices(stock_treedef)]
+  assert stock_leaves == [
+      leaves[i] for i in treedef.expansion_indices(stock_treedef)
+  ]
   reference_leaves, reference = STOCK.flatten(tree)
   assert stock_leaves == reference_leaves
   assert stock_treedef.num_nodes == reference.num_nodes
@@ -77,8 +82,9 @@ def test_sharing_where_leaves_agree(tree, data):
   assert apart.num_leaves == unshared.num_leaves
   # Any classes: the result shares only where the treedef does, and a node
   # stays shared exactly where its places' classes agree.
-  classes = data.draw(st.lists(st.integers(0, 2), min_size=len(places),
-                               max_size=len(places)))
+  classes = data.draw(
+      st.lists(st.integers(0, 2), min_size=len(places), max_size=len(places))
+  )
   kept = treedef.sharing_where_leaves_agree(classes)
   kept_places = kept.expansion_indices(unshared)
   treedef.expansion_indices(kept)  # Raises unless kept is coarser.

@@ -1,0 +1,271 @@
+"""JAX APIs that no rule names compute what stock computes, with the opt-in.
+
+Inside JAX, trees are laid out as stock lays them out; only the entry points
+named in docs/jax-integration.md keep relative identities. Each test runs a
+program once with opted-in nodes shared (`P`, `Box`) and once with their
+twins registered without the opt-in (`PlainP`, `PlainBox`), which stock JAX
+treats alike, and requires the same values: a tied gradient equals the sum
+of the copies'. The programs are the cases of an issue that used to crash or
+(case 1) hand `f` wrong key paths.
+"""
+
+import collections
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest
+from jax import lax
+from jax._src import config as jax_config
+from jax._src import test_util as jtu
+from jax._src import tree_util as stock_layout
+from jax.scipy.sparse.linalg import bicgstab, gmres
+
+
+@jax.tree_util.register_dataclass(preserve_relative_identities=True)
+@dataclasses.dataclass
+class P:
+  value: object
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class PlainP:
+  value: object
+
+
+class _Box:
+  """Two children, keyed 0 and 1."""
+
+  def __init__(self, a, b):
+    self.c = (a, b)
+
+
+class Box(_Box):
+  pass
+
+
+class PlainBox(_Box):
+  pass
+
+
+for _cls, _opt_in in ((Box, True), (PlainBox, False)):
+  jax.tree_util.register_pytree_with_keys(
+      _cls,
+      lambda b: (((jax.tree_util.SequenceKey(0), b.c[0]),
+                  (jax.tree_util.SequenceKey(1), b.c[1])), None),
+      lambda _, c, cls=_cls: cls(*c),
+      preserve_relative_identities=_opt_in)
+
+Pair = collections.namedtuple("Pair", ["carry", "y"])
+A, B = jnp.array([1.0, 2.0]), jnp.array([3.0, 4.0])
+
+
+def leaves(tree):
+  """The leaves as stock lays them out: one per place."""
+  return stock_layout.tree_leaves(tree)
+
+
+class NeverWorseThanStockTest(jtu.JaxTestCase):
+
+  def assertSameValues(self, program):
+    """`program(P, Box)` gives the values of `program(PlainP, PlainBox)`."""
+    ours, theirs = program(P, Box), program(PlainP, PlainBox)
+    ours, theirs = leaves(ours), leaves(theirs)
+    self.assertEqual(len(ours), len(theirs))
+    for x, y in zip(ours, theirs):
+      np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-5)
+
+  def test_tree_map_with_path_hands_f_stocks_key_paths(self):
+    def paths(cls, box):
+      inner = lambda x: isinstance(x, box) and not isinstance(x.c[0], box)
+      b = box(box(1.0, 2.0), box(3.0, 4.0))
+      z = lambda: box(box(0.0, 0.0), box(0.0, 0.0))
+      out = jax.tree_util.tree_map_with_path(
+          lambda path, x, y: jax.tree_util.keystr(path), {"a": b, "b": b},
+          {"a": z(), "b": z()}, is_leaf=inner)
+      return jax.tree.leaves(out)
+
+    expected = ["['a'][0]", "['a'][1]", "['b'][0]", "['b'][1]"]
+    self.assertEqual(paths(PlainP, PlainBox), expected)
+    self.assertEqual(paths(P, Box), expected)
+
+  def test_tree_map_with_path_over_a_tied_and_an_untied_tree(self):
+    def program(cls, box):
+      u = cls(B)
+      return jax.tree_util.tree_map_with_path(
+          lambda path, u, x: x if u is None else x + u,
+          [u, u, None], [cls(A), cls(B), cls(A)], is_leaf=lambda x: x is None)
+
+    self.assertSameValues(program)
+
+  def test_is_leaf_takes_path(self):
+    def program(cls, box):
+      u = cls(B)
+      return jax.tree_util.tree_map_with_path(
+          lambda path, u, x: x + u, [u, u], [cls(A), cls(B)],
+          is_leaf=lambda path, x: x is None, is_leaf_takes_path=True)
+
+    self.assertSameValues(program)
+
+  def _scan_whose_carry_sharing_changes(self, cls, box):
+    def body(carry, x):
+      first, second = carry
+      return Pair((cls(first.value + x), cls(second.value * x)), x), None
+
+    p = cls(A)
+    return lax.scan(lambda c, x: body(c, x)[0], (p, p), jnp.arange(3.0))
+
+  def test_scan_body_returns_a_namedtuple_while_the_carry_unties(self):
+    self.assertSameValues(self._scan_whose_carry_sharing_changes)
+
+  def test_scan3_body_returns_a_namedtuple_while_the_carry_unties(self):
+    with jax_config.scan3(True):
+      self.assertSameValues(self._scan_whose_carry_sharing_changes)
+
+  def test_custom_linear_solve_with_one_node_as_two_operands(self):
+    def program(cls, box):
+      p = cls(A)
+      matvec = lambda x: jax.tree.map(lambda v: 2.0 * v, x)
+      solve = lambda mv, b: jax.tree.map(lambda v: v / 2.0, b)
+      return lax.custom_linear_solve(matvec, (p, p), solve, solve)
+
+    self.assertSameValues(program)
+
+  def test_gmres_and_bicgstab_with_one_node_as_two_operands(self):
+    for solver in (gmres, bicgstab):
+      with self.subTest(solver.__name__):
+        def program(cls, box):
+          p = cls(A)
+          matvec = lambda x: jax.tree.map(lambda v: 3.0 * v, x)
+          return solver(matvec, (p, p))[0]
+
+        self.assertSameValues(program)
+
+  def test_solvers_that_return_one_node_twice(self):
+    def linear(cls, box):
+      r = cls(A)
+      matvec = lambda x: x
+      return lax.custom_linear_solve(matvec, (r, cls(A)),
+                                     lambda mv, b: (b[0], b[0]))
+
+    def root(cls, box):
+      f = lambda x: jax.tree.map(lambda v: v - 1.0, x)
+      solve = lambda f, guess: (lambda r: (r, r))(cls(jnp.ones(2)))
+      return lax.custom_root(f, (cls(A), cls(A)), solve,
+                             lambda g, y: y)
+
+    self.assertSameValues(linear)
+    self.assertSameValues(root)
+
+  def test_jvp_tangents_that_share_more_than_the_primals(self):
+    f = lambda ps: ps[0].value * ps[1].value
+
+    def jvp(cls, box):
+      t = cls(jnp.ones(2))
+      return jax.jvp(f, ((cls(A), cls(B)),), ((t, t),))
+
+    def linearize(cls, box):
+      t = cls(jnp.ones(2))
+      _, f_jvp = jax.linearize(f, (cls(A), cls(B)))
+      return f_jvp((t, t))
+
+    def vjp(cls, box):
+      ct = cls(jnp.ones(2))
+      _, f_vjp = jax.vjp(lambda ps: ps, (cls(A), cls(B)))
+      return f_vjp((ct, ct))
+
+    def transpose(cls, box):
+      ct = cls(jnp.ones(2))
+      g = jax.linear_transpose(lambda ps: ps, (cls(A), cls(B)))
+      return g((ct, ct))
+
+    for program in (jvp, linearize, vjp, transpose):
+      with self.subTest(program.__name__):
+        self.assertSameValues(program)
+
+  def test_associative_scan_whose_combine_shares_otherwise(self):
+    def program(cls, box):
+      def combine(a, b):
+        s = cls(a[0].value + b[0].value)
+        return (s, s)
+
+      elems = (cls(jnp.arange(4.0)), cls(jnp.arange(4.0)))
+      return lax.associative_scan(combine, elems)
+
+    self.assertSameValues(program)
+
+  def test_reduce_with_a_reducer_returning_one_node_twice(self):
+    def reducer_shares(cls, box):
+      def reducer(x, y):
+        n = cls(x[0].value + y[0].value)
+        return (n, n)
+
+      x = cls(jnp.arange(4.0))
+      return lax.reduce((x, cls(jnp.arange(4.0))), (cls(0.0), cls(0.0)),
+                        reducer, (0,))
+
+    def one_init(cls, box):
+      init = cls(0.0)
+      add = lambda x, y: (cls(x[0].value + y[0].value),
+                          cls(x[1].value + y[1].value))
+      ops = (cls(jnp.arange(4.0)), cls(jnp.arange(4.0)))
+      return (lax.reduce(ops, (init, init), add, (0,)),
+              lax.reduce_window(ops, (init, init), add, (2,), (1,), "VALID"))
+
+    self.assertSameValues(reducer_shares)
+    self.assertSameValues(one_init)
+
+  def test_custom_vmap_whose_function_and_rule_return_one_node_twice(self):
+    def program(cls, box):
+      @jax.custom_batching.custom_vmap
+      def f(x):
+        o = cls(x.value * 2.0)
+        return o, o
+
+      @f.def_vmap
+      def rule(axis_size, in_batched, x):
+        o = cls(x.value * 2.0)
+        b = cls(True)
+        return (o, o), (b, b)
+
+      return jax.vmap(f)(cls(jnp.arange(3.0)))
+
+    self.assertSameValues(program)
+
+  def test_grad_through_a_loop_whose_carry_holds_one_node_twice(self):
+    def program(cls, box):
+      def loss(w):
+        def body(i, carry):
+          a, b = carry
+          return cls(a.value * 1.5), cls(b.value + a.value)
+
+        a, b = lax.fori_loop(0, 3, body, (w, w))
+        return jnp.sum(a.value * b.value)
+
+      return jax.grad(loss)(cls(A))
+
+    self.assertSameValues(program)
+
+  def test_grad_through_equinox_checkpointed_while_loop(self):
+    import equinox.internal as eqxi  # pylint: disable=g-import-not-at-top
+
+    def program(cls, box):
+      def loss(w):
+        def body(carry):
+          i, (a, b) = carry
+          c = cls(a.value * 1.5 + b.value)
+          return i + 1, (c, c)
+
+        _, (a, b) = eqxi.while_loop(lambda c: c[0] < 3, body, (0, (w, w)),
+                                    max_steps=3, kind="checkpointed")
+        return jnp.sum(a.value * b.value)
+
+      return jax.grad(loss)(cls(A))
+
+    self.assertSameValues(program)
+
+
+if __name__ == "__main__":
+  absltest.main(testLoader=jtu.JaxTestLoader())
