@@ -53,10 +53,16 @@ class PlainBox(_Box):
 for _cls, _opt_in in ((Box, True), (PlainBox, False)):
   jax.tree_util.register_pytree_with_keys(
       _cls,
-      lambda b: (((jax.tree_util.SequenceKey(0), b.c[0]),
-                  (jax.tree_util.SequenceKey(1), b.c[1])), None),
+      lambda b: (
+          (
+              (jax.tree_util.SequenceKey(0), b.c[0]),
+              (jax.tree_util.SequenceKey(1), b.c[1]),
+          ),
+          None,
+      ),
       lambda _, c, cls=_cls: cls(*c),
-      preserve_relative_identities=_opt_in)
+      preserve_relative_identities=_opt_in,
+  )
 
 Pair = collections.namedtuple("Pair", ["carry", "y"])
 A, B = jnp.array([1.0, 2.0]), jnp.array([3.0, 4.0])
@@ -83,8 +89,11 @@ class NeverWorseThanStockTest(jtu.JaxTestCase):
       b = box(box(1.0, 2.0), box(3.0, 4.0))
       z = lambda: box(box(0.0, 0.0), box(0.0, 0.0))
       out = jax.tree_util.tree_map_with_path(
-          lambda path, x, y: jax.tree_util.keystr(path), {"a": b, "b": b},
-          {"a": z(), "b": z()}, is_leaf=inner)
+          lambda path, x, y: jax.tree_util.keystr(path),
+          {"a": b, "b": b},
+          {"a": z(), "b": z()},
+          is_leaf=inner,
+      )
       return jax.tree.leaves(out)
 
     expected = ["['a'][0]", "['a'][1]", "['b'][0]", "['b'][1]"]
@@ -96,7 +105,10 @@ class NeverWorseThanStockTest(jtu.JaxTestCase):
       u = cls(B)
       return jax.tree_util.tree_map_with_path(
           lambda path, u, x: x if u is None else x + u,
-          [u, u, None], [cls(A), cls(B), cls(A)], is_leaf=lambda x: x is None)
+          [u, u, None],
+          [cls(A), cls(B), cls(A)],
+          is_leaf=lambda x: x is None,
+      )
 
     self.assertSameValues(program)
 
@@ -104,8 +116,12 @@ class NeverWorseThanStockTest(jtu.JaxTestCase):
     def program(cls, box):
       u = cls(B)
       return jax.tree_util.tree_map_with_path(
-          lambda path, u, x: x + u, [u, u], [cls(A), cls(B)],
-          is_leaf=lambda path, x: x is None, is_leaf_takes_path=True)
+          lambda path, u, x: x + u,
+          [u, u],
+          [cls(A), cls(B)],
+          is_leaf=lambda path, x: x is None,
+          is_leaf_takes_path=True,
+      )
 
     self.assertSameValues(program)
 
@@ -136,6 +152,7 @@ class NeverWorseThanStockTest(jtu.JaxTestCase):
   def test_gmres_and_bicgstab_with_one_node_as_two_operands(self):
     for solver in (gmres, bicgstab):
       with self.subTest(solver.__name__):
+
         def program(cls, box):
           p = cls(A)
           matvec = lambda x: jax.tree.map(lambda v: 3.0 * v, x)
@@ -147,14 +164,14 @@ class NeverWorseThanStockTest(jtu.JaxTestCase):
     def linear(cls, box):
       r = cls(A)
       matvec = lambda x: x
-      return lax.custom_linear_solve(matvec, (r, cls(A)),
-                                     lambda mv, b: (b[0], b[0]))
+      return lax.custom_linear_solve(
+          matvec, (r, cls(A)), lambda mv, b: (b[0], b[0])
+      )
 
     def root(cls, box):
       f = lambda x: jax.tree.map(lambda v: v - 1.0, x)
       solve = lambda f, guess: (lambda r: (r, r))(cls(jnp.ones(2)))
-      return lax.custom_root(f, (cls(A), cls(A)), solve,
-                             lambda g, y: y)
+      return lax.custom_root(f, (cls(A), cls(A)), solve, lambda g, y: y)
 
     self.assertSameValues(linear)
     self.assertSameValues(root)
@@ -203,16 +220,21 @@ class NeverWorseThanStockTest(jtu.JaxTestCase):
         return (n, n)
 
       x = cls(jnp.arange(4.0))
-      return lax.reduce((x, cls(jnp.arange(4.0))), (cls(0.0), cls(0.0)),
-                        reducer, (0,))
+      return lax.reduce(
+          (x, cls(jnp.arange(4.0))), (cls(0.0), cls(0.0)), reducer, (0,)
+      )
 
     def one_init(cls, box):
       init = cls(0.0)
-      add = lambda x, y: (cls(x[0].value + y[0].value),
-                          cls(x[1].value + y[1].value))
+      add = lambda x, y: (
+          cls(x[0].value + y[0].value),
+          cls(x[1].value + y[1].value),
+      )
       ops = (cls(jnp.arange(4.0)), cls(jnp.arange(4.0)))
-      return (lax.reduce(ops, (init, init), add, (0,)),
-              lax.reduce_window(ops, (init, init), add, (2,), (1,), "VALID"))
+      return (
+          lax.reduce(ops, (init, init), add, (0,)),
+          lax.reduce_window(ops, (init, init), add, (2,), (1,), "VALID"),
+      )
 
     self.assertSameValues(reducer_shares)
     self.assertSameValues(one_init)
@@ -258,8 +280,13 @@ class NeverWorseThanStockTest(jtu.JaxTestCase):
           c = cls(a.value * 1.5 + b.value)
           return i + 1, (c, c)
 
-        _, (a, b) = eqxi.while_loop(lambda c: c[0] < 3, body, (0, (w, w)),
-                                    max_steps=3, kind="checkpointed")
+        _, (a, b) = eqxi.while_loop(
+            lambda c: c[0] < 3,
+            body,
+            (0, (w, w)),
+            max_steps=3,
+            kind="checkpointed",
+        )
         return jnp.sum(a.value * b.value)
 
       return jax.grad(loss)(cls(A))
