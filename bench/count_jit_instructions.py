@@ -103,7 +103,9 @@ def calls_of_cases():
     return lambda *args, **kwargs: add_one((args, kwargs))
 
   register = jax.tree_util.register_dataclass
-  opt_in = "preserve_relative_identities" in inspect.signature(register).parameters
+  opt_in = (
+      "preserve_relative_identities" in inspect.signature(register).parameters
+  )
 
   @dataclasses.dataclass
   class Layer:
@@ -265,8 +267,7 @@ def main():
   parser.add_argument(
       "--cases",
       default=",".join(CASES),
-      help="comma-separated cases to count (default: all): "
-      + ", ".join(CASES),
+      help="comma-separated cases to count (default: all): " + ", ".join(CASES),
   )
   parser.add_argument("--json")
   parser.add_argument("--child", type=int, help=argparse.SUPPRESS)

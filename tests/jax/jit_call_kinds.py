@@ -10,8 +10,8 @@ stock's C++ fast path takes and ours sends to Python shows as fewer entries.
 Every kind has a jitted function of its own (a new lambda), so that no
 kind's entries land in another's cache, stock's global one included.
 
-A kind is (name, function, a list of calls, static_argnums,
-static_argnames); a call is (args, kwargs). Each call is made CALLS times.
+A kind is (name, function, its calls, static_argnums, static_argnames); a
+call is (args, kwargs). Each call is made CALLS times.
 """
 
 import os
@@ -68,8 +68,24 @@ class Params:
 Point = collections.namedtuple("Point", ["x", "y"])
 
 
+def twice(leaf):
+  """2 * leaf, and a typed key's draw (keys take no arithmetic)."""
+  if jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+    return jax.random.uniform(leaf, (3,))
+  return leaf * 2
+
+
 def scaled(scale, x):
   return scale * x
+
+
+def call(*args, **kwargs):
+  """One call of a kind, as its arguments."""
+  return args, kwargs
+
+
+def kind(name, function, *calls, static_argnums=(), static_argnames=()):
+  return name, function, calls, static_argnums, static_argnames
 
 
 def kinds():
@@ -77,7 +93,7 @@ def kinds():
   static_argnames)."""
   x = jnp.arange(8, dtype=jnp.float32)
   y = jnp.ones(8, jnp.float32)
-  typed_key = jax.random.key(0)
+  key = jax.random.key(0)
   raw_key = jax.random.PRNGKey(0)
   weak = jax.jit(lambda: 1.5)()  # A weak-typed float32 scalar.
   assert weak.weak_type
@@ -88,63 +104,67 @@ def kinds():
   assert len(sharded.sharding.device_set) == 2
   layer = Layer(w=x)
   # New functions at each use: a kind's entries stay in its own cache.
-  tree_map_double = lambda: lambda *a, **k: jax.tree.map(
-      lambda t: t * 2, (a, k)
-  )
-  uniform = lambda: lambda k: (k, jax.random.uniform(k, (3,)))
+  double = lambda: lambda *a, **k: jax.tree.map(twice, (a, k))
+  uniform = lambda: lambda k, *a: (k, jax.random.uniform(k, (3,)), a)
   return [
-      ("one array", lambda a: a + 1, [((x,), {})], (), ()),
-      ("two arrays", lambda a, b: a * b, [((x, y), {})], (), ()),
-      ("numpy array", lambda a: a + 1, [((np.arange(4.0),), {})], (), ()),
-      ("numpy scalar", lambda a: a + 1, [((np.float32(2.0),), {})], (), ()),
-      ("numpy int scalar", lambda a: a + 1, [((np.int32(2),), {})], (), ()),
-      ("python float", lambda a: a + 1, [((2.0,), {})], (), ()),
-      ("python int", lambda a: a + 1, [((2,), {})], (), ()),
-      ("python bool", lambda a: jnp.logical_not(a), [((True,), {})], (), ()),
-      ("python complex", lambda a: a * 2, [((1 + 2j,), {})], (), ()),
-      ("array beside scalars", lambda a, s, t: a * s + t, [((x, 2.0, 3), {})],
-       (), ()),
-      ("bfloat16", lambda a: a + 1, [((jnp.ones(4, jnp.bfloat16),), {})], (),
-       ()),
-      ("complex64", lambda a: a * 2j, [((jnp.ones(4, jnp.complex64),), {})],
-       (), ()),
-      ("typed key", uniform(), [((typed_key,), {})], (), ()),
-      ("typed key beside an array",
-       lambda k, a: a + jax.random.uniform(k), [((typed_key, x), {})], (), ()),
-      ("typed keys, two", lambda k, j: jax.random.uniform(k) +
-       jax.random.uniform(j), [((typed_key, jax.random.key(1)), {})], (), ()),
-      ("raw key", uniform(), [((raw_key,), {})], (), ()),
-      ("raw key beside an array",
-       lambda k, a: a + jax.random.uniform(k), [((raw_key, x), {})], (), ()),
-      ("typed key in a dict", lambda d: jax.random.uniform(d["k"]),
-       [(({"k": typed_key},), {})], (), ()),
-      ("None", lambda a: a, [((None,), {})], (), ()),
-      ("array beside None", lambda a, n: a + 1, [((x, None), {})], (), ()),
-      ("keyword argument", lambda a: a + 1, [((), {"a": x})], (), ()),
-      ("array and keyword argument", lambda a, b: a * b, [((x,), {"b": y})],
-       (), ()),
-      ("typed key as keyword", lambda k: jax.random.uniform(k),
-       [((), {"k": typed_key})], (), ()),
-      ("static argnum", lambda a, n: a * n, [((x, 3), {}), ((x, 4), {})], (1,),
-       ()),
-      ("static argname", lambda a, n: a * n,
-       [((x,), {"n": 3}), ((x,), {"n": 4})], (), ("n",)),
-      ("static argnum, typed key", lambda k, n: jax.random.uniform(k, (n,)),
-       [((typed_key, 2), {})], (1,), ()),
-      ("list", tree_map_double(), [(([x, y],), {})], (), ()),
-      ("tuple", tree_map_double(), [(((x, y),), {})], (), ()),
-      ("dict", tree_map_double(), [(({"a": x, "b": y},), {})], (), ()),
-      ("namedtuple", tree_map_double(), [((Point(x, y),), {})], (), ()),
-      ("dataclass", tree_map_double(), [((Params(w=x, b=y),), {})], (), ()),
-      ("tree_util.Partial", lambda p, a: p(a),
-       [((jax.tree_util.Partial(scaled, y), x), {})], (), ()),
-      ("sharded array", lambda a: a * 2, [((sharded,), {})], (), ()),
-      ("weak-typed array", lambda a: a * 2, [((weak,), {})], (), ()),
-      ("no arguments", lambda: jnp.arange(3.0), [((), {})], (), ()),
-      ("opted-in model, shared layer", tree_map_double(),
-       [((Model(left=layer, right=layer),), {})], (), ()),
-      ("opted-in layer beside an array", lambda m, a: m.w * a,
-       [((layer, x), {})], (), ()),
+      kind("one array", double(), call(x)),
+      kind("two arrays", double(), call(x, y)),
+      kind("numpy array", double(), call(np.arange(4.0))),
+      kind("numpy scalar", double(), call(np.float32(2.0))),
+      kind("numpy int scalar", double(), call(np.int32(2))),
+      kind("python float", double(), call(2.0)),
+      kind("python int", double(), call(2)),
+      kind("python bool", lambda b: jnp.logical_not(b), call(True)),
+      kind("python complex", double(), call(1 + 2j)),
+      kind("array beside scalars", double(), call(x, 2.0, 3)),
+      kind("bfloat16", double(), call(jnp.ones(4, jnp.bfloat16))),
+      kind("complex64", double(), call(jnp.ones(4, jnp.complex64) * 1j)),
+      kind("typed key", uniform(), call(key)),
+      kind("typed key beside an array", uniform(), call(key, x)),
+      kind("typed keys, two", uniform(), call(key, jax.random.key(1))),
+      kind("raw key", uniform(), call(raw_key)),
+      kind("raw key beside an array", uniform(), call(raw_key, x)),
+      kind("typed key in a dict", double(), call({"k": key})),
+      kind("None", double(), call(None)),
+      kind("array beside None", double(), call(x, None)),
+      kind("keyword argument", double(), call(a=x)),
+      kind("array and keyword argument", double(), call(x, b=y)),
+      kind("typed key as keyword", double(), call(k=key)),
+      kind(
+          "static argnum",
+          lambda a, n: a * n,
+          call(x, 3),
+          call(x, 4),
+          static_argnums=(1,),
+      ),
+      kind(
+          "static argname",
+          lambda a, n: a * n,
+          call(x, n=3),
+          call(x, n=4),
+          static_argnames=("n",),
+      ),
+      kind(
+          "static argnum, typed key",
+          lambda k, n: jax.random.uniform(k, (n,)),
+          call(key, 2),
+          static_argnums=(1,),
+      ),
+      kind("list", double(), call([x, y])),
+      kind("tuple", double(), call((x, y))),
+      kind("dict", double(), call({"a": x, "b": y})),
+      kind("namedtuple", double(), call(Point(x, y))),
+      kind("dataclass", double(), call(Params(w=x, b=y))),
+      kind(
+          "tree_util.Partial",
+          lambda p, a: p(a),
+          call(jax.tree_util.Partial(scaled, y), x),
+      ),
+      kind("sharded array", double(), call(sharded)),
+      kind("weak-typed array", double(), call(weak)),
+      kind("no arguments", lambda: jnp.arange(3.0), call()),
+      kind("opted-in model, shared layer", double(), call(Model(layer, layer))),
+      kind("opted-in layer beside an array", double(), call(layer, x)),
   ]
 
 

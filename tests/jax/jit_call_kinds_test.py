@@ -66,9 +66,7 @@ class JitCallKindsTest(absltest.TestCase):
         if (self.ours[name]["cache_size"], self.ours[name]["misses"])
         != (self.stock[name]["cache_size"], self.stock[name]["misses"])
     }
-    self.assertEqual(
-        differ, {}, "kind: ((ours cache size, misses), (stock's))"
-    )
+    self.assertEqual(differ, {}, "kind: ((ours cache size, misses), (stock's))")
 
   def test_every_kind_is_cached_at_all(self):
     # Stock serves each kind's repeated calls from its C++ cache; a kind
