@@ -3,12 +3,21 @@
 Usage::
 
     python bench/count_jit_instructions.py [--stock-python PY]
-        [--patched-python PY] [--calls N] [--json out.json]
+        [--patched-python PY] [--calls N] [--cases A,B] [--json out.json]
+        [--by-function N]
 
-Cases, as bench_jit.py names them, each calling a function that returns the
-tree with 1 added to every leaf: hoisted (``f(x)`` on one ``float32[8]``, `f`
-made once), inline (``jax.jit(g)(x)`` on the same array, a new ``jax.jit``
-object at every call) and dict (``f(d)`` on a dict of 100 ``float32[8]``).
+Cases (CASES), each calling a function that returns the tree with 1 added
+to every leaf: first as bench_jit.py names them, hoisted (``f(x)`` on one
+``float32[8]``, `f` made once), inline (``jax.jit(g)(x)`` on the same
+array, a new ``jax.jit`` object at every call) and dict (``f(d)`` on a dict
+of 100 ``float32[8]``); then one per kind of call of
+tests/jax/jit_call_kinds.py (numpy and Python scalars, bfloat16, complex,
+typed and raw keys, None, keyword and static arguments, containers, a
+sharded array, ...), each on a jitted function of its own.
+
+With ``--by-function N`` it counts each side once (heap state 0) and prints,
+per case, the N functions whose instructions per call differ most between
+the two sides: where a case's difference lies.
 
 Method (count_instructions.py's): each side runs in its own process under
 valgrind's callgrind, collecting only inside the harness's own trigger
@@ -38,6 +47,7 @@ import subprocess
 import interpreters
 from count_instructions import (
     callgrind_totals,
+    dump_costs_by_function,
     dump_totals_and_allocator,
     measure_runs,
     median_over_heap_states,
@@ -207,11 +217,10 @@ def child_main(calls, heap_state, cases):
     jax.block_until_ready(calls_of[case]())
 
 
-def count(python, calls, heap_state, cases):
-  """Instructions per call of each of `cases` under `python`: keyed (case,
-  "whole") for the whole call and (case, "code") for the call less glibc's
-  and CPython's allocators (count_instructions.ALLOCATOR_FUNCTIONS)."""
-  totals, allocator = callgrind_totals(
+def run_child(python, calls, heap_state, cases, read):
+  """What `read` finds in the callgrind dumps of a child under `python`
+  that counts `cases`."""
+  return callgrind_totals(
       [
           python,
           os.path.abspath(__file__),
@@ -222,7 +231,7 @@ def count(python, calls, heap_state, cases):
           "--cases",
           ",".join(cases),
       ],
-      read=dump_totals_and_allocator,
+      read=read,
       cwd="/",
       env=dict(
           os.environ,
@@ -234,6 +243,15 @@ def count(python, calls, heap_state, cases):
       ),
       stdout=subprocess.DEVNULL,
       stderr=subprocess.DEVNULL,
+  )
+
+
+def count(python, calls, heap_state, cases):
+  """Instructions per call of each of `cases` under `python`: keyed (case,
+  "whole") for the whole call and (case, "code") for the call less glibc's
+  and CPython's allocators (count_instructions.ALLOCATOR_FUNCTIONS)."""
+  totals, allocator = run_child(
+      python, calls, heap_state, cases, dump_totals_and_allocator
   )
   whole = per_call_counts(totals, [calls] * len(cases))
   code = per_call_counts(
@@ -254,6 +272,44 @@ def median_count(python, calls, heap_states, cases):
   )
 
 
+def by_function(python, calls, cases):
+  """Per case, the instructions per call of each function under `python`
+  (heap state 0), keyed (the file of its code, the function's name)."""
+  dumps = run_child(python, calls, 0, cases, dump_costs_by_function)
+  per_case = {}
+  for i, case in enumerate(cases):
+    empty, measured = dumps[3 * i + 1], dumps[3 * i + 2]
+    per_case[case] = {
+        where: (measured.get(where, 0) - empty.get(where, 0)) / calls
+        for where in set(measured) | set(empty)
+    }
+  return per_case
+
+
+def print_by_function(stock_python, patched_python, calls, cases, top):
+  """The `top` functions whose instructions per call differ most between
+  the sides, per case."""
+  stock = by_function(stock_python, calls, cases)
+  patched = by_function(patched_python, calls, cases)
+  for case in cases:
+    functions = set(stock[case]) | set(patched[case])
+    delta = {
+        where: patched[case].get(where, 0) - stock[case].get(where, 0)
+        for where in functions
+    }
+    print(
+        f"\n{CASES[case]}: stock {sum(stock[case].values()):,.0f}, "
+        f"patched {sum(patched[case].values()):,.0f} instructions per call"
+    )
+    print("| file | function | stock | patched | patched - stock |")
+    print("|---|---|---|---|---|")
+    for where in sorted(delta, key=lambda w: -abs(delta[w]))[:top]:
+      print(
+          f"| {where[0]} | `{where[1]}` | {stock[case].get(where, 0):,.0f} | "
+          f"{patched[case].get(where, 0):,.0f} | {delta[where]:+,.0f} |"
+      )
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   interpreters.add_arguments(parser)
@@ -270,6 +326,13 @@ def main():
       help="comma-separated cases to count (default: all): " + ", ".join(CASES),
   )
   parser.add_argument("--json")
+  parser.add_argument(
+      "--by-function",
+      type=int,
+      metavar="N",
+      help="print, per case, the N functions that differ most between the "
+      "sides (one child per side, heap state 0)",
+  )
   parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
   parser.add_argument(
       "--child-heap-state", type=int, default=0, help=argparse.SUPPRESS
@@ -281,6 +344,15 @@ def main():
     parser.error(f"no such case: {', '.join(sorted(unknown))}")
   if args.child is not None:
     child_main(args.child, args.child_heap_state, cases)
+    return
+  if args.by_function:
+    print_by_function(
+        args.stock_python,
+        args.patched_python,
+        args.calls,
+        cases,
+        args.by_function,
+    )
     return
   stock = median_count(args.stock_python, args.calls, args.heap_states, cases)
   patched = median_count(
