@@ -3,12 +3,21 @@
 Usage::
 
     python bench/count_jit_instructions.py [--stock-python PY]
-        [--patched-python PY] [--calls N] [--json out.json]
+        [--patched-python PY] [--calls N] [--cases A,B] [--json out.json]
+        [--by-function N]
 
-Cases, as bench_jit.py names them, each calling a function that returns the
-tree with 1 added to every leaf: hoisted (``f(x)`` on one ``float32[8]``, `f`
-made once), inline (``jax.jit(g)(x)`` on the same array, a new ``jax.jit``
-object at every call) and dict (``f(d)`` on a dict of 100 ``float32[8]``).
+Cases (CASES), each calling a function that returns the tree with 1 added
+to every leaf: first as bench_jit.py names them, hoisted (``f(x)`` on one
+``float32[8]``, `f` made once), inline (``jax.jit(g)(x)`` on the same
+array, a new ``jax.jit`` object at every call) and dict (``f(d)`` on a dict
+of 100 ``float32[8]``); then one per kind of call of
+tests/jax/jit_call_kinds.py (numpy and Python scalars, bfloat16, complex,
+typed and raw keys, None, keyword and static arguments, containers, a
+sharded array, ...), each on a jitted function of its own.
+
+With ``--by-function N`` it counts each side once (heap state 0) and prints,
+per case, the N functions whose instructions per call differ most between
+the two sides: where a case's difference lies.
 
 Method (count_instructions.py's): each side runs in its own process under
 valgrind's callgrind, collecting only inside the harness's own trigger
@@ -38,6 +47,7 @@ import subprocess
 import interpreters
 from count_instructions import (
     callgrind_totals,
+    dump_costs_by_function,
     dump_totals_and_allocator,
     measure_runs,
     median_over_heap_states,
@@ -46,13 +56,51 @@ from count_instructions import (
 )
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-CASES = ("hoisted", "inline", "dict")
+# Each case's label in the table, in the order counted. The first three are
+# the cases counted since the front door; the others are the kinds of call
+# of tests/jax/jit_call_kinds.py.
+CASES = {
+    "hoisted": "hoisted `f(x)`, one `float32[8]`",
+    "inline": "inline `jax.jit(f)(x)`",
+    "dict": "dict of 100 arrays",
+    "two arrays": "`f(x, y)`, two arrays",
+    "numpy array": "a numpy `float32[8]`",
+    "numpy scalar": "a numpy `float32` scalar",
+    "python float": "a Python float",
+    "python int": "a Python int",
+    "python bool": "a Python bool",
+    "array and scalars": "an array, a float and an int",
+    "bfloat16": "a `bfloat16[8]`",
+    "complex64": "a `complex64[8]`",
+    "typed key": "a typed key, `jax.random.key(0)`",
+    "typed key and array": "a typed key and an array",
+    "raw key": "a raw key, `jax.random.PRNGKey(0)`",
+    "raw key and array": "a raw key and an array",
+    "typed key in a dict": "a typed key in a dict",
+    "None": "`f(None)`",
+    "array and None": "`f(x, None)`",
+    "keyword": "`f(a=x)`, a keyword argument",
+    "array and keyword": "`f(x, b=y)`",
+    "static argnum": "`f(x, 3)`, `static_argnums=1`",
+    "static argname": "`f(x, n=3)`, `static_argnames='n'`",
+    "list": "a list of two arrays",
+    "tuple": "a tuple of two arrays",
+    "namedtuple": "a namedtuple of two arrays",
+    "dataclass": "a dataclass of two arrays",
+    "partial": "a `tree_util.Partial` and an array",
+    "sharded": "an array sharded over 2 devices",
+    "weak-typed": "a weak-typed `float32` scalar",
+    "no arguments": "`f()`",
+    "opted-in model": "a model of one opted-in layer in two places",
+}
 
 
-def child_main(calls, heap_state):
-  import gc
-
-  heap_padding = pad_heap(heap_state)  # Kept to the end.
+def calls_of_cases():
+  """Each case's call, each on a jitted function of its own (stock's global
+  cache is keyed on the function), after one call that compiled it."""
+  import collections
+  import dataclasses
+  import inspect
 
   import jax
   import jax.numpy as jnp
@@ -61,27 +109,118 @@ def child_main(calls, heap_state):
   def add_one(tree):
     return jax.tree.map(lambda leaf: leaf + 1, tree)
 
+  def new_add_one():
+    return lambda *args, **kwargs: add_one((args, kwargs))
+
+  register = jax.tree_util.register_dataclass
+  opt_in = (
+      "preserve_relative_identities" in inspect.signature(register).parameters
+  )
+
+  @dataclasses.dataclass
+  class Layer:
+    w: jax.Array
+
+  # Opted in on the custom wheels, a plain dataclass node on stock.
+  Layer = (register(preserve_relative_identities=True) if opt_in else register)(
+      Layer
+  )
+
+  @register
+  @dataclasses.dataclass
+  class Pair:
+    a: object
+    b: object
+
+  Point = collections.namedtuple("Point", ["x", "y"])
+
   x = jnp.asarray(np.arange(8, dtype=np.float32))
+  y = x * 2
   d = {f"a{i:03d}": x + i for i in range(100)}
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("d",))
+  sharded = jax.device_put(
+      x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d"))
+  )
+  layer = Layer(w=x)
   hoisted = jax.jit(add_one)
+  jit = lambda: jax.jit(new_add_one())
+  uniform = lambda k: jax.random.uniform(k)
+  uniform_plus = lambda k, a: a + jax.random.uniform(k)
+  static_argnum = jax.jit(lambda a, n: a * n, static_argnums=1)
+  static_argname = jax.jit(lambda a, n: a * n, static_argnames="n")
+  partial = jax.tree_util.Partial(lambda s, a: s * a, y)
   calls_of = {
       "hoisted": lambda: hoisted(x),
       "inline": lambda: jax.jit(add_one)(x),
       "dict": lambda: hoisted(d),
+      "numpy array": (jit(), (np.arange(8, dtype=np.float32),)),
+      "two arrays": (jit(), (x, y)),
+      "numpy scalar": (jit(), (np.float32(2.0),)),
+      "python float": (jit(), (2.0,)),
+      "python int": (jit(), (2,)),
+      "python bool": (jax.jit(lambda b: jnp.logical_not(b)), (True,)),
+      "array and scalars": (jit(), (x, 2.0, 3)),
+      "bfloat16": (jit(), (x.astype(jnp.bfloat16),)),
+      "complex64": (jit(), (x.astype(jnp.complex64),)),
+      # Each a new function: (lambda: ...)() is one per case.
+      "typed key": (jax.jit(lambda k: uniform(k)), (jax.random.key(0),)),
+      "typed key and array": (
+          jax.jit(lambda k, a: uniform_plus(k, a)),
+          (jax.random.key(0), x),
+      ),
+      "raw key": (jax.jit(lambda k: uniform(k)), (jax.random.PRNGKey(0),)),
+      "raw key and array": (
+          jax.jit(lambda k, a: uniform_plus(k, a)),
+          (jax.random.PRNGKey(0), x),
+      ),
+      "typed key in a dict": (
+          jax.jit(lambda d: jax.random.uniform(d["k"])),
+          ({"k": jax.random.key(0)},),
+      ),
+      "None": (jit(), (None,)),
+      "array and None": (jit(), (x, None)),
+      "list": (jit(), ([x, y],)),
+      "tuple": (jit(), ((x, y),)),
+      "namedtuple": (jit(), (Point(x, y),)),
+      "dataclass": (jit(), (Pair(x, y),)),
+      "partial": (jax.jit(lambda p, a: p(a)), (partial, x)),
+      "sharded": (jit(), (sharded,)),
+      "weak-typed": (jit(), (jax.jit(lambda: 1.5)(),)),
+      "no arguments": (jax.jit(lambda: jnp.arange(3.0)), ()),
+      "opted-in model": (jit(), (Pair(layer, layer),)),
   }
+  keyword, array_and_keyword = jit(), jit()
+  calls_of["keyword"] = lambda: keyword(a=x)
+  calls_of["array and keyword"] = lambda: array_and_keyword(x, b=y)
+  calls_of["static argnum"] = lambda: static_argnum(x, 3)
+  calls_of["static argname"] = lambda: static_argname(x, n=3)
+  for case, call in calls_of.items():
+    if isinstance(call, tuple):
+      # Bound now: a default argument, not the loop's variable.
+      calls_of[case] = lambda f=call[0], args=call[1]: f(*args)
   for call in calls_of.values():
     jax.block_until_ready(call())
+  return calls_of
+
+
+def child_main(calls, heap_state, cases):
+  import gc
+
+  heap_padding = pad_heap(heap_state)  # Kept to the end.
+
+  import jax
+
+  calls_of = calls_of_cases()
   gc.disable()
-  for case in CASES:
+  for case in cases:
     measure_runs(calls_of[case], calls)
     jax.block_until_ready(calls_of[case]())
 
 
-def count(python, calls, heap_state):
-  """Instructions per call of each case under `python`: keyed (case,
-  "whole") for the whole call and (case, "code") for the call less glibc's
-  and CPython's allocators (count_instructions.ALLOCATOR_FUNCTIONS)."""
-  totals, allocator = callgrind_totals(
+def run_child(python, calls, heap_state, cases, read):
+  """What `read` finds in the callgrind dumps of a child under `python`
+  that counts `cases`."""
+  return callgrind_totals(
       [
           python,
           os.path.abspath(__file__),
@@ -89,35 +228,86 @@ def count(python, calls, heap_state):
           str(calls),
           "--child-heap-state",
           str(heap_state),
+          "--cases",
+          ",".join(cases),
       ],
-      read=dump_totals_and_allocator,
+      read=read,
       cwd="/",
       env=dict(
           os.environ,
           JAX_PLATFORMS="cpu",
           OPENBLAS_NUM_THREADS="1",
           PYTHONHASHSEED="0",
+          # The sharded case's two devices, on both sides and for every case.
+          XLA_FLAGS="--xla_force_host_platform_device_count=2",
       ),
       stdout=subprocess.DEVNULL,
       stderr=subprocess.DEVNULL,
   )
-  whole = per_call_counts(totals, [calls] * len(CASES))
+
+
+def count(python, calls, heap_state, cases):
+  """Instructions per call of each of `cases` under `python`: keyed (case,
+  "whole") for the whole call and (case, "code") for the call less glibc's
+  and CPython's allocators (count_instructions.ALLOCATOR_FUNCTIONS)."""
+  totals, allocator = run_child(
+      python, calls, heap_state, cases, dump_totals_and_allocator
+  )
+  whole = per_call_counts(totals, [calls] * len(cases))
   code = per_call_counts(
       [total - spent for total, spent in zip(totals, allocator)],
-      [calls] * len(CASES),
+      [calls] * len(cases),
   )
   counts = {}
-  for case, whole_count, code_count in zip(CASES, whole, code):
+  for case, whole_count, code_count in zip(cases, whole, code):
     counts[case, "whole"] = whole_count
     counts[case, "code"] = code_count
   return counts
 
 
-def median_count(python, calls, heap_states):
+def median_count(python, calls, heap_states, cases):
   """Each case's median instructions per call over `heap_states` children."""
   return median_over_heap_states(
-      lambda heap_state: count(python, calls, heap_state), heap_states
+      lambda heap_state: count(python, calls, heap_state, cases), heap_states
   )
+
+
+def by_function(python, calls, cases):
+  """Per case, the instructions per call of each function under `python`
+  (heap state 0), keyed (the file of its code, the function's name)."""
+  dumps = run_child(python, calls, 0, cases, dump_costs_by_function)
+  per_case = {}
+  for i, case in enumerate(cases):
+    empty, measured = dumps[3 * i + 1], dumps[3 * i + 2]
+    per_case[case] = {
+        where: (measured.get(where, 0) - empty.get(where, 0)) / calls
+        for where in set(measured) | set(empty)
+    }
+  return per_case
+
+
+def print_by_function(stock_python, patched_python, calls, cases, top):
+  """The `top` functions whose instructions per call differ most between
+  the sides, per case."""
+  stock = by_function(stock_python, calls, cases)
+  patched = by_function(patched_python, calls, cases)
+  for case in cases:
+    functions = set(stock[case]) | set(patched[case])
+    delta = {
+        where: patched[case].get(where, 0) - stock[case].get(where, 0)
+        for where in functions
+    }
+    print(
+        f"\n{CASES[case]}: stock {sum(stock[case].values()):,.0f}, "
+        f"patched {sum(patched[case].values()):,.0f} instructions per call"
+    )
+    print("| file | function | stock | patched | patched - stock |")
+    print("|---|---|---|---|---|")
+    for where in sorted(delta, key=lambda w: -abs(delta[w]))[:top]:
+      print(
+          f"| {where[0]} | `{where[1]}` | {stock[case].get(where, 0):,.0f} | "
+          f"{patched[case].get(where, 0):,.0f} | {delta[where]:+,.0f} |"
+      )
 
 
 def main():
@@ -130,24 +320,51 @@ def main():
       default=1,
       help="children per side, each from another heap layout (median)",
   )
+  parser.add_argument(
+      "--cases",
+      default=",".join(CASES),
+      help="comma-separated cases to count (default: all): " + ", ".join(CASES),
+  )
   parser.add_argument("--json")
+  parser.add_argument(
+      "--by-function",
+      type=int,
+      metavar="N",
+      help="print, per case, the N functions that differ most between the "
+      "sides (one child per side, heap state 0)",
+  )
   parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
   parser.add_argument(
       "--child-heap-state", type=int, default=0, help=argparse.SUPPRESS
   )
   args = parser.parse_args()
+  cases = args.cases.split(",")
+  unknown = set(cases) - set(CASES)
+  if unknown:
+    parser.error(f"no such case: {', '.join(sorted(unknown))}")
   if args.child is not None:
-    child_main(args.child, args.child_heap_state)
+    child_main(args.child, args.child_heap_state, cases)
     return
-  stock = median_count(args.stock_python, args.calls, args.heap_states)
-  patched = median_count(args.patched_python, args.calls, args.heap_states)
+  if args.by_function:
+    print_by_function(
+        args.stock_python,
+        args.patched_python,
+        args.calls,
+        cases,
+        args.by_function,
+    )
+    return
+  stock = median_count(args.stock_python, args.calls, args.heap_states, cases)
+  patched = median_count(
+      args.patched_python, args.calls, args.heap_states, cases
+  )
   print(
       "| case | stock instructions per call | patched | patched/stock | "
       "less the allocators: stock | patched | patched/stock |"
   )
   print("|---|---|---|---|---|---|---|")
   report = {}
-  for case in CASES:
+  for case in cases:
     ratio = patched[case, "whole"] / stock[case, "whole"]
     code_ratio = patched[case, "code"] / stock[case, "code"]
     report[case] = {
@@ -160,7 +377,7 @@ def main():
         "ratio_less_allocators": code_ratio,
     }
     print(
-        f"| {case} | {stock[case, 'whole']:,.0f} | "
+        f"| {CASES[case]} | {stock[case, 'whole']:,.0f} | "
         f"{patched[case, 'whole']:,.0f} | {ratio:.3f}x "
         f"({'met' if ratio <= 1.0 else 'NOT met'}: <= 1.0x) | "
         f"{stock[case, 'code']:,.0f} | {patched[case, 'code']:,.0f} | "
