@@ -68,6 +68,16 @@ Pair = collections.namedtuple("Pair", ["carry", "y"])
 A, B = jnp.array([1.0, 2.0]), jnp.array([3.0, 4.0])
 
 
+def sum_of_firsts_twice(cls):
+  """A combiner of two pairs that returns one new node at both places."""
+
+  def combine(a, b):
+    node = cls(a[0].value + b[0].value)
+    return node, node
+
+  return combine
+
+
 def leaves(tree):
   """The leaves as stock lays them out: one per place."""
   return stock_layout.tree_leaves(tree)
@@ -204,24 +214,19 @@ class NeverWorseThanStockTest(jtu.JaxTestCase):
 
   def test_associative_scan_whose_combine_shares_otherwise(self):
     def program(cls, box):
-      def combine(a, b):
-        s = cls(a[0].value + b[0].value)
-        return (s, s)
-
       elems = (cls(jnp.arange(4.0)), cls(jnp.arange(4.0)))
-      return lax.associative_scan(combine, elems)
+      return lax.associative_scan(sum_of_firsts_twice(cls), elems)
 
     self.assertSameValues(program)
 
   def test_reduce_with_a_reducer_returning_one_node_twice(self):
     def reducer_shares(cls, box):
-      def reducer(x, y):
-        n = cls(x[0].value + y[0].value)
-        return (n, n)
-
       x = cls(jnp.arange(4.0))
       return lax.reduce(
-          (x, cls(jnp.arange(4.0))), (cls(0.0), cls(0.0)), reducer, (0,)
+          (x, cls(jnp.arange(4.0))),
+          (cls(0.0), cls(0.0)),
+          sum_of_firsts_twice(cls),
+          (0,),
       )
 
     def one_init(cls, box):
