@@ -9,6 +9,7 @@ test here parses, so that a document that falls behind the code fails.
 """
 
 import dataclasses
+import importlib.metadata
 import os
 import pathlib
 import re
@@ -154,6 +155,23 @@ def test_export_serialize_error_the_docs_quote():
       assert str(info.value).startswith(
           start
       ), f"{doc} quotes {start!r}; the message is {str(info.value)!r}"
+
+
+def test_the_flatbuffers_requirement_api_md_states():
+  # Exported.serialize() imports flatbuffers, which no jax wheel requires:
+  # api.md tells its readers to install it, quoting jax's ImportError, and
+  # the tests' requirements install it for docs_test.py's run of that block.
+  api = flat(read("docs/api.md"))
+  assert "`pip install flatbuffers`" in api
+  quoted = re.search(r"`ImportError: ([^`]+)`", api)
+  assert quoted, "api.md does not quote the ImportError"
+  serialization = pathlib.Path(jax.__file__).parent / "_src/export/serialization.py"
+  assert quoted.group(1) in flat(serialization.read_text())
+  assert not [
+      r for r in importlib.metadata.requires("jax") if "flatbuffers" in r
+  ], "jax now requires flatbuffers: api.md's line is no longer needed"
+  requirements = (ROOT / "tests" / "jax" / "requirements.txt").read_text()
+  assert "flatbuffers" in requirements.split()
 
 
 def test_public_names_the_docs_list_exist():
