@@ -197,7 +197,9 @@ def main():
 
 
 def print_report(report):
-  print(f"{'cell':22} {'nnx.jit us':>11} {'jax.jit us':>11} {'ratio':>7}  range")
+  print(
+      f"{'cell':22} {'nnx.jit us':>11} {'jax.jit us':>11} {'ratio':>7}  range"
+  )
   for cell, row in report.items():
     print(
         f"{cell:22} {row['nnx.jit_us']:11.1f} {row['jax.jit_us']:11.1f} "

@@ -284,7 +284,9 @@ class OrbaxLayoutsTest(LayoutTestCase):
     return path
 
   def restore(self, path, target=None):
-    if target is None or isinstance(self.checkpointer, ocp.StandardCheckpointer):
+    if target is None or isinstance(
+        self.checkpointer, ocp.StandardCheckpointer
+    ):
       return self.checkpointer.restore(path, target)
     return self.checkpointer.restore(
         path,

@@ -171,7 +171,9 @@ def test_the_flatbuffers_requirement_api_md_states():
   assert "`pip install flatbuffers`" in api
   quoted = re.search(r"`ImportError: ([^`]+)`", api)
   assert quoted, "api.md does not quote the ImportError"
-  serialization = pathlib.Path(jax.__file__).parent / "_src/export/serialization.py"
+  serialization = (
+      pathlib.Path(jax.__file__).parent / "_src/export/serialization.py"
+  )
   assert quoted.group(1) in flat(serialization.read_text())
   assert not [
       r for r in importlib.metadata.requires("jax") if "flatbuffers" in r

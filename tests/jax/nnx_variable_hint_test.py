@@ -63,9 +63,7 @@ def test_the_sections_error_text_block_is_the_error():
   # error itself, line for line.
   _, section = _guide_section("`ValueError: pytree structure error")
   shown = [
-      b.source
-      for b in docs_test.fenced_blocks(section)
-      if b.language == "text"
+      b.source for b in docs_test.fenced_blocks(section) if b.language == "text"
   ]
   assert len(shown) == 1
   _, error = _child_report()["pytree only"]
