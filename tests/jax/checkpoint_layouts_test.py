@@ -97,6 +97,12 @@ def _array_count(model):
 
 
 class LayoutTestCase(jtu.JaxTestCase):
+  """A matrix row's files are written by the subclass's `write(layout,
+  model)`, into `self.folder`."""
+
+  def setUp(self):
+    super().setUp()
+    self.folder = pathlib.Path(tempfile.mkdtemp())
 
   def assertOutcome(self, outcome, load, written, target_kind):
     """`load()` gives `outcome` for a file written from `written` into a
@@ -207,10 +213,6 @@ def _named(matrix):
 
 class EquinoxLayoutsTest(LayoutTestCase):
 
-  def setUp(self):
-    super().setUp()
-    self.folder = pathlib.Path(tempfile.mkdtemp())
-
   def write(self, layout, written):
     path = self.folder / f"{layout}.eqx"
     eqx.tree_serialise_leaves(path, written)
@@ -271,10 +273,6 @@ ORBAX_MATRIX = {
 
 
 class OrbaxLayoutsTest(LayoutTestCase):
-
-  def setUp(self):
-    super().setUp()
-    self.folder = pathlib.Path(tempfile.mkdtemp())
 
   def write(self, layout, written):
     path = self.folder / f"{self.checkpointer_name}-{layout}"
