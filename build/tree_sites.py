@@ -14,8 +14,8 @@ directory, by default the installed one) with ``ast`` and finds:
 - ``<registry>.flatten(...)`` and its kin on any registry;
 - ``<treedef>.unflatten(...)``, ``.flatten_up_to(...)`` and ``==``/``!=``
   between treedefs;
-- every other use of a registry that keeps relative identities, of
-  ``jax._src.tree_identities`` and of ``tree_util.in_layout_of``.
+- every other use of a registry that keeps relative identities, of a tree
+  function (passed as a value) and of ``tree_util.in_layout_of``.
 
 A site whose layout follows from what it calls (a stock registry, a treedef
 it is given) is listed automatically. One that keeps relative identities,
@@ -159,14 +159,13 @@ def layout_of(site: Site, declared: Declarations) -> str:
     found = declared.lookup(site)
     if found:
       return declared.sites[found][0]
-  return (
-      site.layout.partition(":")[0]
-      if site.layout.startswith("param:")
-      else site.layout
-  )
+  return ARGUMENT if site.layout.startswith("param:") else site.layout
 
 
 # --- the section of docs/jax-integration.md ---
+
+# A tree_util function's site that flattens with its caller's registry.
+ARGUMENT = "argument"
 
 LAYOUT_WORDS = {
     STOCK: "stock's layout: the default, so the site sees what it sees on "
@@ -175,8 +174,21 @@ LAYOUT_WORDS = {
     "`flatten_up_to`, a comparison): made by one of the flattens "
     "listed here",
     FOLLOWS: "the layout of the trees it is given: results follow arguments",
+    ARGUMENT: "the registry its caller passes (the `registry` parameter of "
+    "`FlatTree.flatten` and its kin): each call is a site, listed with the "
+    "registry it passes",
     SHARING: "keeps relative identities: an entry point named below",
 }
+# How the count of each layout's sites reads.
+COUNT_WORDS = {
+    STOCK: "in stock's layout",
+    TREEDEF: "in their treedef's",
+    FOLLOWS: "following the trees they are given",
+    ARGUMENT: "in their caller's registry",
+    SHARING: "keeping relative identities",
+}
+# The layouts a site can have without being declared.
+AUTOMATIC = (STOCK, TREEDEF, FOLLOWS, ARGUMENT)
 
 
 def render(sites: list[Site], declared: Declarations) -> str:
@@ -199,9 +211,8 @@ def render(sites: list[Site], declared: Declarations) -> str:
       "line.",
       "",
       f"{len(sites)} sites in {len(modules)} modules: "
-      f"{count[STOCK]} in stock's layout, {count[TREEDEF]} in their "
-      f"treedef's, {count[FOLLOWS]} following the trees they are given, "
-      f"{count[SHARING]} keeping relative identities.",
+      + ", ".join(f"{count[l]} {words}" for l, words in COUNT_WORDS.items())
+      + ".",
       "",
   ]
   out += [f"- **{l}**: {words}" for l, words in LAYOUT_WORDS.items()]
@@ -227,11 +238,11 @@ def render(sites: list[Site], declared: Declarations) -> str:
       "",
       "### Listed automatically, by module",
       "",
-      "The functions that hold each module's sites; sites in stock's "
-      "layout, in their treedef's, following their arguments.",
+      "Each module's sites of each layout, and the functions that hold "
+      "them.",
       "",
-      "| module | stock | treedef | follows | functions |",
-      "|---|---|---|---|---|",
+      "| module | " + " | ".join(AUTOMATIC) + " | functions |",
+      "|---|---|---|---|---|---|",
   ]
   out += _automatic_rows(sites, declared)
   out += ["", END]
@@ -274,9 +285,7 @@ def _automatic_rows(sites, declared) -> list[str]:
   rows = []
   for module, auto in sorted(by_module.items()):
     layouts = [layout_of(s, declared) for s in auto]
-    numbers = " | ".join(
-        str(layouts.count(l)) for l in (STOCK, TREEDEF, FOLLOWS)
-    )
+    numbers = " | ".join(str(layouts.count(l)) for l in AUTOMATIC)
     functions = ", ".join(sorted({s.function for s in auto}))
     rows.append(f"| `{module}` | {numbers} | {functions} |")
   return rows

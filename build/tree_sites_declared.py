@@ -181,6 +181,11 @@ SITES = {
         "tree_util.FlatTree.flatten_static_argnums_argnames"
         "[identity_tracing_registry]",
     ): (SHARING, _CALL + ", traced"),
+    ("pjit", "with_sharding_constraint", "identity_default_registry.flatten"): (
+        SHARING,
+        "with_sharding_constraint's tree: a shared node is one value, which "
+        "the shardings constrain once",
+    ),
     (
         "interpreters.pxla",
         "MeshExecutable.create_cpp_call",
@@ -202,6 +207,15 @@ SITES = {
         FOLLOWS,
         "AOT calls flatten in the layout the function was traced "
         "in (the in_layout_of above)",
+    ),
+    ("export._export", "_export_lowered", "in_layout_of(...).flatten"): (
+        FOLLOWS,
+        "one aval per argument leaf, in the layout of the lowered in_tree",
+    ),
+    ("export._export", "call.f_imported", "in_layout_of(...).flatten"): (
+        FOLLOWS,
+        "calls of an exported function flatten in the layout it was "
+        "exported with (jit's keeps relative identities)",
     ),
     ("export._export", "call.f_imported", "tree_util.equality_errors"): (
         SHARING,
@@ -251,10 +265,14 @@ SITES = {
         FOLLOWS,
         "the cotangent refs in the primals' layout",
     ),
-    ("api", "_vjp3_bwd", "in_layout_of(...).flatten"): (
+    ("api", "_flatten_cotangents", "in_layout_of(...).flatten"): (
         FOLLOWS,
-        "cotangents in the outputs' layout (stock's where the "
-        "outputs share nothing)",
+        "cotangents in the outputs' layout: a node that is one object among "
+        "the outputs has one cotangent (given per place, they add up)",
+    ),
+    ("api", "linear_transpose", "identity_default_registry.flatten"): (
+        SHARING,
+        "linear_transpose's primals, as vjp's",
     ),
     (
         "shard_map",
@@ -283,29 +301,6 @@ SITES = {
         SHARING,
         "custom_jvp's arguments: the function and its rule see the "
         "trees they were called with",
-    ),
-    (
-        "custom_derivatives",
-        "custom_vjp.__call__",
-        "identity_default_registry.flatten",
-    ): (
-        SHARING,
-        "custom_vjp's arguments: the function and its rules see the "
-        "trees they were called with",
-    ),
-    (
-        "custom_derivatives",
-        "_cotangents_by_place",
-        "identity_default_registry.flatten_with_path",
-    ): (
-        FOLLOWS,
-        "a bwd rule's cotangents, read in the arguments' layout "
-        "where the rule returns them shared so; else a cotangent per place, "
-        "as stock reads them",
-    ),
-    ("custom_derivatives", "_flatten_result", "in_layout_of(...).flatten"): (
-        FOLLOWS,
-        _RESULTS + " (a function's or rule's)",
     ),
     # Loops and branches.
     (

@@ -392,7 +392,7 @@ class Scan(ast.NodeVisitor):
       self.generic_visit(node)
 
   def _reference(self, node) -> bool:
-    """A use of a tree function, an identity registry or tree_identities
+    """A use of a tree function, an identity registry or in_layout_of
     that is not a call already listed (a function passed as a value, a
     registry handed to other code)."""
     if id(node) in self.consumed:
@@ -413,11 +413,9 @@ class Scan(ast.NodeVisitor):
           layout == SHARING,
       )
       return True
-    if (
-        self.source.registries.get(name) == SHARING
-        or name == IN_LAYOUT_OF
-        or name.startswith("jax._src.tree_identities.")
-    ):
+    # tree_identities' tree functions are summaries above; its other names
+    # (an exception, a helper) are no tree site.
+    if self.source.registries.get(name) == SHARING or name == IN_LAYOUT_OF:
       layout = FOLLOWS if name == IN_LAYOUT_OF else SHARING
       self._add(node, f"{_short(name)} (as a value)", "reference", layout, True)
       return True
