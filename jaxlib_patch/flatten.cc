@@ -308,7 +308,8 @@ class Flattener {
     RecursionGuard guard(" in flatten", stack_limit_);
     IdentityScope* scope = nullptr;  // Set for an opted-in node.
     size_t identity_slot = 0;
-    if (KeepsIdentity(node.custom) && registry_.keeps_relative_identities()) {
+    if (KeepsIdentity(node.custom) &&
+        registry_.keeps_relative_identities_now()) {
       scope = &scope_.Get();
       const IdentityScope::Entry entry = scope->Enter(obj);
       if (!entry.first) {

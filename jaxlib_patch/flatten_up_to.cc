@@ -176,7 +176,7 @@ nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
   // stock does, one object at two places as two nodes, unless it has
   // references itself (assembled from pieces of another registry's).
   std::optional<bool> checks_sharing;
-  if (registry()->keeps_relative_identities()) checks_sharing = true;
+  if (registry()->keeps_relative_identities_now()) checks_sharing = true;
   const auto sharing_checked = [&] {
     if (!checks_sharing) checks_sharing = HasSharedNodes();
     return *checks_sharing;

@@ -324,6 +324,22 @@ NB_MODULE(pytree, m) {
   m.def("treedef_tuple", &PyTreeDef::Tuple, nb::arg("registry"), nb::arg(),
         nb::sig("def treedef_tuple(registry: PyTreeRegistry, arg0: "
                 "Sequence[PyTreeDef], /) -> PyTreeDef"));
+  m.def(
+      "enter_stock_layout", [] { ++PyTreeRegistry::stock_layout_depth; },
+      "Until the matching exit_stock_layout, every flatten on this thread "
+      "lays trees out as stock does, whatever its registry, and "
+      "flatten_up_to takes a shared tree as stock does. Sections nest.");
+  m.def(
+      "exit_stock_layout",
+      [] {
+        if (PyTreeRegistry::stock_layout_depth == 0) {
+          throw nb::value_error(
+              "exit_stock_layout without a matching enter_stock_layout on "
+              "this thread");
+        }
+        --PyTreeRegistry::stock_layout_depth;
+      },
+      "Ends the innermost stock-layout section of this thread.");
   m.def("all_leaves", &AllLeaves,
         nb::sig("def all_leaves(arg0: jaxlib_patch.pytree.PyTreeRegistry, "
                 "arg1: collections.abc.Iterable, /) -> bool"));
