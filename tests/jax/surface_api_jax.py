@@ -23,6 +23,13 @@ from surface_programs import (NO_GRAD, NO_JVP, ONE_SHOT, adapter, body,
 
 
 
+# For the variants whose cotangents share more than the function's result:
+# a result that shares nothing, so that they share strictly more. (Where a
+# result and its cotangents tie one node alike, the cotangent is one value
+# for one output node, by design, where stock reads one per place.)
+SHARES_NOTHING = ("less",)
+
+
 def _user(fn):
   return lambda *xs: body(fn, xs)
 
@@ -59,39 +66,40 @@ for _name, _transform in (("jax.grad", jax.grad), ("jax.jacfwd", jax.jacfwd),
 
   @adapter(_name, diffs=ONE_SHOT)
   def _derivative(args, fn, fam, transform=_transform):
-    return summed(transform(scalar_of(fn), argnums=_argnums(args))(*args))
+    return summed(transform(scalar_of(fn), argnums=_argnums(args))(*args),
+                  args)
 
 
 @adapter("jax.value_and_grad", diffs=ONE_SHOT)
 def _value_and_grad(args, fn, fam):
   f = jax.value_and_grad(scalar_of(fn), argnums=_argnums(args))
   value, grads = f(*args)
-  return value, summed(grads)
+  return value, summed(grads, args)
 
 
 @adapter("jax.hessian", n_args=1, diffs=ONE_SHOT)
 def _hessian(args, fn, fam):
-  return summed(jax.hessian(scalar_of(fn))(*args))
+  return summed(jax.hessian(scalar_of(fn))(*args), args[0], depth=2)
 
 
 @adapter("jax.vjp", diffs=ONE_SHOT)
 def _vjp(args, fn, fam):
   out, f_vjp = jax.vjp(_user(fn), *args)
-  return out, summed(f_vjp(cotangents(out, fam)))
+  return out, summed(f_vjp(cotangents(out, fam)), args)
 
 
 @adapter("jax.vjp[cotangents_share_more]", diffs=ONE_SHOT,
-         fn_modes=("keep", "less"))
+         fn_modes=SHARES_NOTHING)
 def _vjp_tied(args, fn, fam):
   out, f_vjp = jax.vjp(_user(fn), *args)
-  return out, summed(f_vjp(cotangents(out, fam, tie_all=True)))
+  return out, summed(f_vjp(cotangents(out, fam, tie_all=True)), args)
 
 
 @adapter("jax.fwd_and_bwd", diffs=ONE_SHOT)
 def _fwd_and_bwd(args, fn, fam):
   fwd, bwd = jax.fwd_and_bwd(_user(fn), argnums=_argnums(args))
   out, residuals = fwd(*args)
-  return out, summed(bwd(residuals, cotangents(out, fam)))
+  return out, summed(bwd(residuals, cotangents(out, fam)), args)
 
 
 @adapter("jax.jvp", diffs=ONE_SHOT)
@@ -124,15 +132,15 @@ def _linear_user(fn):
 def _linear_transpose(args, fn, fam):
   out = _linear_user(fn)(*args)
   transpose = jax.linear_transpose(_linear_user(fn), *args)
-  return summed(transpose(cotangents(out, fam)))
+  return summed(transpose(cotangents(out, fam)), args)
 
 
 @adapter("jax.linear_transpose[cotangents_share_more]", diffs=ONE_SHOT,
-         fn_modes=("keep", "less"))
+         fn_modes=SHARES_NOTHING)
 def _linear_transpose_tied(args, fn, fam):
   out = _linear_user(fn)(*args)
   transpose = jax.linear_transpose(_linear_user(fn), *args)
-  return summed(transpose(cotangents(out, fam, tie_all=True)))
+  return summed(transpose(cotangents(out, fam, tie_all=True)), args)
 
 
 @adapter("jax.vmap")

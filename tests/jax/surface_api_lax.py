@@ -45,7 +45,7 @@ def _scan_reverse(args, fn, fam):
   return lax.scan(_scan_body(fn), args[0], args[1], reverse=True, unroll=2)
 
 
-@adapter("jax.lax.scan[scan3]")
+@adapter("jax.lax.scan[scan3]", diffs=NO_GRAD)  # no reverse mode on stock
 def _scan3(args, fn, fam):
   with jax_config.scan3(True):
     return lax.scan(_scan_body(fn), args[0], args[1])
@@ -194,7 +194,6 @@ for _name, _collective in (
     ("jax.lax.ppermute",
      lambda t: lax.ppermute(t, "i", [(0, 1), (1, 2), (2, 0)])),
     ("jax.lax.pshuffle", lambda t: lax.pshuffle(t, "i", [2, 0, 1])),
-    ("jax.lax.pbroadcast", lambda t: lax.pbroadcast(t, "i", 1)),
 ):
 
   @adapter(_name, fns=False,

@@ -38,8 +38,10 @@ def _expected(part, ref_places):
   if part.kind == "same":
     return ref_places
   if part.kind == "summed":
-    keys = _group_keys(part.value)
-    _same_count(keys, ref_places, "places")
+    keys = _group_keys(part.inputs[0])
+    if part.depth == 2:
+      keys = [(a, b) for a in keys for b in keys]
+    _same_count(keys, ref_places, "places of the derivative")
     totals = {}
     for key, value in zip(keys, ref_places):
       totals[key] = totals.get(key, 0) + np.asarray(value, np.float64)
@@ -87,6 +89,22 @@ def check(result, ref):
         raise AssertionError(
             f"part {n} ({part.kind}) place {i}: {x!r} != expected {y!r}\n"
             f"  ours:     {mine}\n  expected: {expected}")
+    if part.kind == "summed" and part.depth == 1:
+      _check_tied(part, n)
+
+
+def _check_tied(part, n):
+  """A derivative with respect to a tied node is one object (one gradient
+  for one variable), as `grad` returns it."""
+  keys = _group_keys(part.inputs[0])
+  leaves = nodes.places(part.value)
+  first = {}
+  for i, (key, leaf) in enumerate(zip(keys, leaves)):
+    j = first.setdefault(key, i)
+    if leaves[j] is not leaf:
+      raise AssertionError(
+          f"part {n} (summed): the derivative at places {j} and {i}, which "
+          "are one node in the input, is two objects")
 
 
 def _equal(x, y):

@@ -224,12 +224,12 @@ def run_case(case, fam):
   scalar = lambda *xs: nodes.loss(program(*xs))
   argnums = tuple(range(len(args)))
   if case.diff == "grad":
-    return summed(jax.grad(scalar, argnums=argnums)(*args))
+    return summed(jax.grad(scalar, argnums=argnums)(*args), args)
   if case.diff == "jvp":
     return jax.jvp(scalar, args, tangents_like(args))
   if case.diff == "vjp":
     out, f_vjp = jax.vjp(scalar, *args)
-    return out, summed(f_vjp(jnp.float32(1.0)))
+    return out, summed(f_vjp(jnp.float32(1.0)), args)
   raise ValueError(case.diff)
 
 
@@ -237,9 +237,11 @@ def run_case(case, fam):
 class Part:
   """A piece of a result and how the oracle reads it.
 
-  same: each place equals the reference's; summed: a cotangent, each place
-  the sum of the reference's over the places that are one object in this
-  result (a tied gradient is the sum of its copies'); first: each place the
+  same: each place equals the reference's; summed: the derivative with
+  respect to `inputs[0]` (of its shape, or for `depth` 2 of its shape at
+  each place, a Hessian), each place the sum of the reference's over the
+  places that hold one node in the input (a tied node is one variable: its
+  gradient is the sum of its copies'); first: each place the
   reference's at the first place of its node where every tree of `inputs`
   ties it (a shared node is mapped once, under its first path); unique: a
   list with one entry per place of `inputs[0]` that is not a later copy of a
@@ -249,10 +251,11 @@ class Part:
   value: object
   inputs: tuple = ()
   is_leaf: object = None
+  depth: int = 1
 
 
-def summed(x):
-  return Part("summed", x)
+def summed(x, wrt, depth=1):
+  return Part("summed", x, (wrt,), depth=depth)
 
 
 def first(x, *inputs, is_leaf=None):
