@@ -35,33 +35,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # starts passing must lose its mark).
 _SHARING = "(within|across|model|nested)"
 KNOWN_FAILURES = {
-    rf"jax\.(jacfwd|hessian)-{_SHARING}-.*": (
-        "jacfwd and hessian differentiate a tied argument as its copies "
-        "(one derivative per place, as stock), where grad and jacrev give "
-        "the tied node's one derivative, the sum"),
-    rf"jax\.(jacrev|jacobian)-{_SHARING}-.*": (
-        "jacrev returns the sum for a tied argument, but at each place a "
-        "separate object, where grad returns one object"),
-    rf"jax\.linearize\[tangents_share_more\]-{_SHARING}-.*": (
-        "linearize's jvp refuses tangents that share more than primals that "
-        "share (TypeError: expected PyTreeDef...); stock reads them per "
-        "position"),
     rf"jax\.(pure_callback(\[vmap\])?|experimental\.io_callback)-"
     rf"{_SHARING}-less-.*": (
         "a callback whose result shares less than result_shape_dtypes "
-        "raises (by 0016's design); stock reads the result per position"),
-    rf"jax\.scipy\.sparse\.linalg\.(gmres|bicgstab)-{_SHARING}-.*-"
-    "(grad|vjp)": (
-        "the gradient through gmres/bicgstab with respect to a b that ties "
-        "a node is NaN"),
-    rf"jax\.(tree\.transpose|tree_util\.tree_transpose)-{_SHARING}-"
-    "(less|more)-.*": (
-        "tree.transpose matches the tree against outer_treedef strictly: a "
-        "tree that shares less or more than it raises 'PyTree sharing "
-        "mismatch'; stock transposes it"),
-    r"jax\.tree_util\.treedef_children-model-.*": (
-        "treedef_is_leaf is True for a child of treedef_children that is a "
-        "reference to a node shared with an earlier child"),
+        "raises (RuntimeError: the callback's result must share ... at "
+        "least where result_shape_dtypes does); stock reads the result per "
+        "position"
+    ),
 }
 
 
@@ -99,8 +79,9 @@ def _stock_sample():
   by_api = {}
   for case in surface_table.CASES:
     best = by_api.get(case.api)
-    if best is None or (best.pattern == "distinct" and
-                        case.pattern != "distinct"):
+    if best is None or (
+        best.pattern == "distinct" and case.pattern != "distinct"
+    ):
       by_api[case.api] = case
   return [by_api[api] for api in sorted(by_api)]
 
@@ -114,7 +95,11 @@ def stock_results():
   done = subprocess.run(
       [python, "-E", "-s", os.path.join(HERE, "surface_stock.py")],
       input=json.dumps([c.id for c in STOCK_SAMPLE]),
-      capture_output=True, text=True, check=True, cwd=HERE)
+      capture_output=True,
+      text=True,
+      check=True,
+      cwd=HERE,
+  )
   return json.loads(done.stdout)
 
 
@@ -130,5 +115,6 @@ def test_every_public_function_is_an_adapter_or_excluded_with_a_reason():
   missing, stale = surface_coverage.unclassified(surface_table.ADAPTERS)
   assert not missing, (
       "public functions with no adapter and no reason to have none: "
-      f"{missing}")
+      f"{missing}"
+  )
   assert not stale, f"classified names that are not public functions: {stale}"

@@ -17,11 +17,18 @@ from jax.experimental import io_callback
 from jax.sharding import NamedSharding, PartitionSpec
 
 import surface_nodes as nodes
-from surface_programs import (NO_GRAD, NO_JVP, ONE_SHOT, adapter, body,
-                              cotangents, linear, scalar_of, summed,
-                              tangents_like)
-
-
+from surface_programs import (
+    NO_GRAD,
+    NO_JVP,
+    ONE_SHOT,
+    adapter,
+    body,
+    cotangents,
+    linear,
+    scalar_of,
+    summed,
+    tangents_like,
+)
 
 # For the variants whose cotangents share more than the function's result:
 # a result that shares nothing, so that they share strictly more. (Where a
@@ -60,14 +67,16 @@ def _jit_kwargs(args, fn, fam):
   return f(args[0], b=args[1])
 
 
-for _name, _transform in (("jax.grad", jax.grad), ("jax.jacfwd", jax.jacfwd),
-                          ("jax.jacrev", jax.jacrev),
-                          ("jax.jacobian", jax.jacobian)):
+for _name, _transform in (
+    ("jax.grad", jax.grad),
+    ("jax.jacfwd", jax.jacfwd),
+    ("jax.jacrev", jax.jacrev),
+    ("jax.jacobian", jax.jacobian),
+):
 
   @adapter(_name, diffs=ONE_SHOT)
   def _derivative(args, fn, fam, transform=_transform):
-    return summed(transform(scalar_of(fn), argnums=_argnums(args))(*args),
-                  args)
+    return summed(transform(scalar_of(fn), argnums=_argnums(args))(*args), args)
 
 
 @adapter("jax.value_and_grad", diffs=ONE_SHOT)
@@ -88,8 +97,9 @@ def _vjp(args, fn, fam):
   return out, summed(f_vjp(cotangents(out, fam)), args)
 
 
-@adapter("jax.vjp[cotangents_share_more]", diffs=ONE_SHOT,
-         fn_modes=SHARES_NOTHING)
+@adapter(
+    "jax.vjp[cotangents_share_more]", diffs=ONE_SHOT, fn_modes=SHARES_NOTHING
+)
 def _vjp_tied(args, fn, fam):
   out, f_vjp = jax.vjp(_user(fn), *args)
   return out, summed(f_vjp(cotangents(out, fam, tie_all=True)), args)
@@ -135,8 +145,11 @@ def _linear_transpose(args, fn, fam):
   return summed(transpose(cotangents(out, fam)), args)
 
 
-@adapter("jax.linear_transpose[cotangents_share_more]", diffs=ONE_SHOT,
-         fn_modes=SHARES_NOTHING)
+@adapter(
+    "jax.linear_transpose[cotangents_share_more]",
+    diffs=ONE_SHOT,
+    fn_modes=SHARES_NOTHING,
+)
 def _linear_transpose_tied(args, fn, fam):
   out = _linear_user(fn)(*args)
   transpose = jax.linear_transpose(_linear_user(fn), *args)
@@ -162,8 +175,9 @@ def _pmap(args, fn, fam):
 @adapter("jax.shard_map", diffs=("none", "grad"), cost="heavy")
 def _shard_map(args, fn, fam):
   mesh = jax.make_mesh((1,), ("i",), devices=jax.devices()[:1])
-  f = jax.shard_map(_user(fn), mesh=mesh, in_specs=PartitionSpec(),
-                    out_specs=PartitionSpec())
+  f = jax.shard_map(
+      _user(fn), mesh=mesh, in_specs=PartitionSpec(), out_specs=PartitionSpec()
+  )
   return jax.jit(f)(*args)
 
 
@@ -171,8 +185,9 @@ def _shard_map(args, fn, fam):
 def _smap(args, fn, fam):
   mesh = jax.make_mesh((1,), ("i",), devices=jax.devices()[:1])
   mapped = jax.smap(_user(fn), in_axes=None, out_axes=0, axis_name="i")
-  f = jax.shard_map(mapped, mesh=mesh, in_specs=PartitionSpec(),
-                    out_specs=PartitionSpec("i"))
+  f = jax.shard_map(
+      mapped, mesh=mesh, in_specs=PartitionSpec(), out_specs=PartitionSpec("i")
+  )
   return jax.jit(f)(*args)
 
 
@@ -234,7 +249,8 @@ def _with_sharding_constraint(args, fn, fam):
   mesh = jax.make_mesh((1,), ("i",), devices=jax.devices()[:1])
   sharding = NamedSharding(mesh, PartitionSpec())
   return jax.jit(lambda *xs: jax.lax.with_sharding_constraint(xs, sharding))(
-      *args)
+      *args
+  )
 
 
 @adapter("jax.reshard", fns=False, diffs=ONE_SHOT)
@@ -257,7 +273,8 @@ def _pure_callback(args, fn, fam):
 @adapter("jax.pure_callback[vmap]", diffs=ONE_SHOT)
 def _pure_callback_vmap(args, fn, fam):
   call = lambda *xs: jax.pure_callback(
-      lambda *ys: fn.numpy(ys), _spec(xs), *xs, vmap_method="sequential")
+      lambda *ys: fn.numpy(ys), _spec(xs), *xs, vmap_method="sequential"
+  )
   return jax.vmap(call)(*args)
 
 
@@ -318,8 +335,10 @@ def _custom_jvp(args, fn, fam):
 def _custom_vjp(args, fn, fam):
   f = jax.custom_vjp(_user(fn))
   # The residuals are the primals themselves, sharing as they were given.
-  f.defvjp(lambda *xs: (_user(fn)(*xs), xs),
-           lambda xs, ct: jax.vjp(_user(fn), *xs)[1](ct))
+  f.defvjp(
+      lambda *xs: (_user(fn)(*xs), xs),
+      lambda xs, ct: jax.vjp(_user(fn), *xs)[1](ct),
+  )
   return f(*args)
 
 
@@ -334,8 +353,11 @@ def _custom_vjp_symbolic(args, fn, fam):
   def bwd(xs, ct):
     ct = jax.tree.map(
         lambda c: jnp.zeros(c.shape, c.dtype)
-        if isinstance(c, jax.custom_derivatives.SymbolicZero) else c,
-        ct, is_leaf=lambda c: isinstance(c, jax.custom_derivatives.SymbolicZero))
+        if isinstance(c, jax.custom_derivatives.SymbolicZero)
+        else c,
+        ct,
+        is_leaf=lambda c: isinstance(c, jax.custom_derivatives.SymbolicZero),
+    )
     return jax.vjp(_user(fn), *xs)[1](ct)
 
   f.defvjp(fwd, bwd, symbolic_zeros=True)
@@ -363,8 +385,11 @@ def _closure_convert(args, fn, fam):
   return run(*args)
 
 
-@adapter("jax.custom_derivatives.linear_call", diffs=("none", "grad", "vjp"),
-         fn_modes=("keep", "less"))
+@adapter(
+    "jax.custom_derivatives.linear_call",
+    diffs=("none", "grad", "vjp"),
+    fn_modes=("keep", "less"),
+)
 def _linear_call(args, fn, fam):
   residual = jax.lax.stop_gradient(jnp.sum(nodes.places(args)[0]))
   scale = lambda r, x: fn.tree(x, g=lambda v: v * (1.0 + 0.1 * r))

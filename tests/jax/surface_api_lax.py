@@ -14,8 +14,16 @@ from jax.scipy.sparse import linalg
 from jax.sharding import PartitionSpec
 
 import surface_nodes as nodes
-from surface_programs import (DIFF_MODES, NO_GRAD, NO_JVP, ONE_SHOT, adapter, body, linear,
-                              smooth)
+from surface_programs import (
+    DIFF_MODES,
+    NO_GRAD,
+    NO_JVP,
+    ONE_SHOT,
+    adapter,
+    body,
+    linear,
+    smooth,
+)
 
 # Solvers whose user function must stay linear: no mode that moves values.
 LINEAR_MODES = ("keep", "less")
@@ -86,8 +94,9 @@ def _cond(args, fn, fam):
   # The branches share differently: the user's, and one that keeps the
   # arguments' sharing.
   keep = lambda *xs: nodes.map_nodes(linear, xs)
-  return lax.cond(_float_sum(args) > -1e9, lambda *xs: body(fn, xs), keep,
-                  *args)
+  return lax.cond(
+      _float_sum(args) > -1e9, lambda *xs: body(fn, xs), keep, *args
+  )
 
 
 @adapter("jax.lax.switch")
@@ -125,16 +134,25 @@ def _zeros_like_tying(tree):
 @adapter("jax.lax.reduce", n_args=1, diffs=NO_GRAD)
 def _reduce(args, fn, fam):
   operands = args[0]
-  return lax.reduce(operands, _zeros_like_tying(operands),
-                    lambda a, b: fn.zip(jnp.add, a, b), (0,))
+  return lax.reduce(
+      operands,
+      _zeros_like_tying(operands),
+      lambda a, b: fn.zip(jnp.add, a, b),
+      (0,),
+  )
 
 
 @adapter("jax.lax.reduce_window", n_args=1, diffs=NO_GRAD)
 def _reduce_window(args, fn, fam):
   operands = args[0]
-  return lax.reduce_window(operands, _zeros_like_tying(operands),
-                           lambda a, b: fn.zip(jnp.add, a, b), (2,), (1,),
-                           "VALID")
+  return lax.reduce_window(
+      operands,
+      _zeros_like_tying(operands),
+      lambda a, b: fn.zip(jnp.add, a, b),
+      (2,),
+      (1,),
+      "VALID",
+  )
 
 
 @adapter("jax.lax.custom_root")
@@ -176,8 +194,10 @@ def _optimization_barrier(args, fn, fam):
 @adapter("jax.lax.platform_dependent")
 def _platform_dependent(args, fn, fam):
   return lax.platform_dependent(
-      *args, cpu=lambda *xs: body(fn, xs),
-      default=lambda *xs: nodes.map_nodes(linear, xs))
+      *args,
+      cpu=lambda *xs: body(fn, xs),
+      default=lambda *xs: nodes.map_nodes(linear, xs),
+  )
 
 
 @adapter("jax.lax.composite", diffs=ONE_SHOT)
@@ -191,14 +211,20 @@ for _name, _collective in (
     ("jax.lax.pmax", lambda t: lax.pmax(t, "i")),
     ("jax.lax.pmin", lambda t: lax.pmin(t, "i")),
     ("jax.lax.all_gather", lambda t: lax.all_gather(t, "i")),
-    ("jax.lax.ppermute",
-     lambda t: lax.ppermute(t, "i", [(0, 1), (1, 2), (2, 0)])),
+    (
+        "jax.lax.ppermute",
+        lambda t: lax.ppermute(t, "i", [(0, 1), (1, 2), (2, 0)]),
+    ),
     ("jax.lax.pshuffle", lambda t: lax.pshuffle(t, "i", [2, 0, 1])),
 ):
 
-  @adapter(_name, fns=False,
-           diffs=ONE_SHOT if _name in ("jax.lax.pmax", "jax.lax.pmin") else
-           DIFF_MODES)
+  @adapter(
+      _name,
+      fns=False,
+      diffs=ONE_SHOT
+      if _name in ("jax.lax.pmax", "jax.lax.pmin")
+      else DIFF_MODES,
+  )
   def _in_vmap(args, fn, fam, collective=_collective):
     return jax.vmap(lambda *xs: collective(xs), axis_name="i")(*args)
 
@@ -223,8 +249,12 @@ for _name, _collective in (
 @adapter("jax.lax.pcast", fns=False, diffs=ONE_SHOT)
 def _pcast(args, fn, fam):
   mesh = jax.make_mesh((1,), ("i",), devices=jax.devices()[:1])
-  f = jax.shard_map(lambda *xs: lax.pcast(xs, "i", to="varying"), mesh=mesh,
-                    in_specs=PartitionSpec(), out_specs=PartitionSpec("i"))
+  f = jax.shard_map(
+      lambda *xs: lax.pcast(xs, "i", to="varying"),
+      mesh=mesh,
+      in_specs=PartitionSpec(),
+      out_specs=PartitionSpec("i"),
+  )
   return jax.jit(f)(*args)
 
 
@@ -252,8 +282,7 @@ for _name, _solver in (
     return solver(_matvec(fn), args[0])[0]
 
 
-@adapter("jax.scipy.sparse.linalg.cg[x0]", fn_modes=LINEAR_MODES,
-         cost="heavy")
+@adapter("jax.scipy.sparse.linalg.cg[x0]", fn_modes=LINEAR_MODES, cost="heavy")
 def _cg_x0(args, fn, fam):
   x0 = nodes.map_nodes(lambda v: 0.5 * v, args[0])
   b = nodes.map_nodes(lambda v: v + 0.1 * _float_sum(args[1]), args[0])
@@ -266,5 +295,6 @@ def _odeint(args, fn, fam):
     push = 0.1 * _float_sum(extra)
     return fn.tree(y, g=lambda v: -0.5 * v + push * t)
 
-  return odeint(dynamics, args[0], jnp.array([0.0, 0.5]), args[1],
-                rtol=1e-6, atol=1e-6)
+  return odeint(
+      dynamics, args[0], jnp.array([0.0, 0.5]), args[1], rtol=1e-6, atol=1e-6
+  )

@@ -21,7 +21,6 @@ from surface_programs import ONE_SHOT, first, smooth, unique
 from surface_programs import adapter as _adapter
 
 
-
 def adapter(api, **kw):
   """The tree functions run no XLA computation of their own: every
   combination of pattern, mode and differentiation is a case."""
@@ -33,8 +32,10 @@ def _both(short, long, **kw):
   `jax.tree_util.<long>`; the adapter gets the function as `api`."""
 
   def register(call):
-    for name, api in ((f"jax.tree.{short}", getattr(jax.tree, short)),
-                      (f"jax.tree_util.{long}", getattr(jax.tree_util, long))):
+    for name, api in (
+        (f"jax.tree.{short}", getattr(jax.tree, short)),
+        (f"jax.tree_util.{long}", getattr(jax.tree_util, long)),
+    ):
       adapter(name, **kw)(functools.partial(call, api=api))
     return call
 
@@ -90,18 +91,24 @@ def _map_with_path_is_leaf(args, fn, fam):
   """Parameter nodes are leaves, under boxes that a pattern may tie."""
   other = _second_tree(args, fn, fam)
   out = jax.tree_util.tree_map_with_path(
-      lambda p, x, y: x.value + y.value + _path_code(p), args[0], other,
-      is_leaf=_is_node(fam))
+      lambda p, x, y: x.value + y.value + _path_code(p),
+      args[0],
+      other,
+      is_leaf=_is_node(fam),
+  )
   return first(out, args[0], other, is_leaf=_is_node(fam))
 
 
-@adapter("jax.tree_util.tree_map_with_path[is_leaf_takes_path]",
-         diffs=ONE_SHOT)
+@adapter("jax.tree_util.tree_map_with_path[is_leaf_takes_path]", diffs=ONE_SHOT)
 def _map_with_path_leaf_path(args, fn, fam):
   other = _second_tree(args, fn, fam)
   out = jax.tree_util.tree_map_with_path(
-      lambda p, x, y: x + y + _path_code(p), args[0], other,
-      is_leaf=lambda path, x: x is None, is_leaf_takes_path=True)
+      lambda p, x, y: x + y + _path_code(p),
+      args[0],
+      other,
+      is_leaf=lambda path, x: x is None,
+      is_leaf_takes_path=True,
+  )
   return first(out, args[0], other)
 
 
@@ -120,34 +127,34 @@ def _keystrs(pairs):
   return [jax.tree_util.keystr(p) for p, _ in pairs]
 
 
-@_both("leaves_with_path", "tree_leaves_with_path", fns=False,
-       diffs=ONE_SHOT)
+@_both("leaves_with_path", "tree_leaves_with_path", fns=False, diffs=ONE_SHOT)
 def _leaves_with_path(args, fn, fam, api):
   pairs = api(args)
-  return (unique(_keystrs(pairs), args),
-          unique([x for _, x in pairs], args))
+  return (unique(_keystrs(pairs), args), unique([x for _, x in pairs], args))
 
 
 @_both("flatten", "tree_flatten", fns=False, diffs=ONE_SHOT)
 def _flatten(args, fn, fam, api):
   leaves, treedef = api(args)
-  return (unique(leaves, args),
-          jax.tree.unflatten(treedef, [smooth(x) for x in leaves]))
+  return (
+      unique(leaves, args),
+      jax.tree.unflatten(treedef, [smooth(x) for x in leaves]),
+  )
 
 
-@_both("flatten_with_path", "tree_flatten_with_path", fns=False,
-       diffs=ONE_SHOT)
+@_both("flatten_with_path", "tree_flatten_with_path", fns=False, diffs=ONE_SHOT)
 def _flatten_with_path(args, fn, fam, api):
   pairs, treedef = api(args)
-  return (unique(_keystrs(pairs), args),
-          jax.tree.unflatten(treedef, [smooth(x) for _, x in pairs]))
+  return (
+      unique(_keystrs(pairs), args),
+      jax.tree.unflatten(treedef, [smooth(x) for _, x in pairs]),
+  )
 
 
 @_both("structure", "tree_structure", fns=False)
 def _structure(args, fn, fam, api):
   treedef = api(args)
-  return jax.tree.unflatten(treedef,
-                            [smooth(x) for x in jax.tree.leaves(args)])
+  return jax.tree.unflatten(treedef, [smooth(x) for x in jax.tree.leaves(args)])
 
 
 @_both("unflatten", "tree_unflatten", fns=False)
@@ -165,8 +172,9 @@ def _reduce(args, fn, fam, api):
   return unique(api(lambda a, b: _as_list(a) + [b], args), args)
 
 
-@_both("reduce_associative", "tree_reduce_associative", fns=False,
-       diffs=ONE_SHOT)
+@_both(
+    "reduce_associative", "tree_reduce_associative", fns=False, diffs=ONE_SHOT
+)
 def _reduce_associative(args, fn, fam, api):
   joined = api(lambda a, b: _as_list(a) + _as_list(b), args)
   return unique(joined, args)
@@ -198,22 +206,25 @@ def _broadcast(args, fn, fam, api):
 def _treedef_children(args, fn, fam):
   children = jax.tree_util.treedef_children(jax.tree.structure(args))
   counted = sum(c.num_leaves for c in children)
-  return (tuple(jax.tree_util.treedef_is_leaf(c) for c in children),
-          unique([1.0] * counted, args))
+  return (
+      tuple(jax.tree_util.treedef_is_leaf(c) for c in children),
+      unique([1.0] * counted, args),
+  )
 
 
 @adapter("jax.tree_util.treedef_tuple", fns=False)
 def _treedef_tuple(args, fn, fam):
-  joined = jax.tree_util.treedef_tuple(
-      [jax.tree.structure(a) for a in args])
+  joined = jax.tree_util.treedef_tuple([jax.tree.structure(a) for a in args])
   leaves = [x for a in args for x in jax.tree.leaves(a)]
   return jax.tree.unflatten(joined, leaves)
 
 
 @adapter("jax.tree_util.all_leaves", fns=False, diffs=ONE_SHOT)
 def _all_leaves(args, fn, fam):
-  return (jax.tree_util.all_leaves(jax.tree.leaves(args)),
-          jax.tree_util.all_leaves(args))
+  return (
+      jax.tree_util.all_leaves(jax.tree.leaves(args)),
+      jax.tree_util.all_leaves(args),
+  )
 
 
 @adapter("jax.tree_util.flatten_one_level", fns=False)

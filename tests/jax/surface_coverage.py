@@ -22,20 +22,21 @@ NAMESPACES = (
 
 # The public names of the opt-in itself; some of them only in some versions
 # of the patch series, so none is required to exist.
-OPT_IN_API = frozenset({
-    "jax.tree_util.preserve_relative_identities",
-    "jax.tree_util.preserves_relative_identities",
-    "jax.tree_util.tree_retie",
-    "jax.tree_util.tree_unshare",
-    "jax.tree_util.SplitTieError",
-    "jax.tree_util.SplitTieWarning",
-})
+OPT_IN_API = frozenset(
+    {
+        "jax.tree_util.preserve_relative_identities",
+        "jax.tree_util.preserves_relative_identities",
+        "jax.tree_util.tree_retie",
+        "jax.tree_util.tree_unshare",
+        "jax.tree_util.SplitTieError",
+        "jax.tree_util.SplitTieWarning",
+    }
+)
 
 # Called by the adapter named, as part of what it tests.
 EXERCISED_BY = {
     "jax.tree_util.treedef_is_leaf": "jax.tree_util.treedef_children",
-    "jax.custom_derivatives.custom_vjp_primal_tree_values":
-        "jax.custom_vjp[symbolic_zeros]",
+    "jax.custom_derivatives.custom_vjp_primal_tree_values": "jax.custom_vjp[symbolic_zeros]",
     "jax.custom_derivatives.SymbolicZero": "jax.custom_vjp[symbolic_zeros]",
     "jax.effects_barrier": "jax.debug.callback",
     "jax.make_mesh": "jax.shard_map",
@@ -116,8 +117,7 @@ _REASONS = {
         slice slice_in_dim sort sort_key_val split sqrt square squeeze stack
         stage sub tan tanh tile top_k transpose unstack zeta
     """,
-    "jax.lax.scatter_apply's function maps one array: no tree reaches it":
-        "jax.lax.scatter_apply",
+    "jax.lax.scatter_apply's function maps one array: no tree reaches it": "jax.lax.scatter_apply",
     "registers a class, or reads a key path: no tree": """
         jax.tree_util.keystr jax.tree_util.register_dataclass
         jax.tree_util.register_pytree_node
@@ -126,8 +126,9 @@ _REASONS = {
         jax.tree_util.register_pytree_with_keys_class
         jax.tree_util.register_static jax.tree.static
     """,
-    "the opt-in's own API, which no program written for stock calls":
-        " ".join(sorted(OPT_IN_API)),
+    "the opt-in's own API, which no program written for stock calls": " ".join(
+        sorted(OPT_IN_API)
+    ),
     "odeint's internal helpers, public by accident": """
         jax.experimental.ode.abs2 jax.experimental.ode.fit_4th_order_polynomial
         jax.experimental.ode.initial_step_size
@@ -139,8 +140,7 @@ _REASONS = {
     """,
     "interactive: stops the program for a debugger": "jax.debug.breakpoint",
     "fails on stock 0.10.2 on CPU for every operand (its vmap rule calls "
-    "take with a list; under shard_map it has no CPU lowering)":
-        "jax.lax.pbroadcast",
+    "take with a list; under shard_map it has no CPU lowering)": "jax.lax.pbroadcast",
 }
 
 
@@ -165,7 +165,8 @@ def public_functions():
       if name.startswith("_") or inspect.ismodule(obj) or not callable(obj):
         continue
       if namespace == "jax.experimental.ode" and (
-          getattr(obj, "__module__", None) != namespace):
+          getattr(obj, "__module__", None) != namespace
+      ):
         continue  # imported from elsewhere
       out[f"{namespace}.{name}"] = obj
   return out
@@ -184,8 +185,11 @@ def unclassified(adapters):
   for name, api in EXERCISED_BY.items():
     assert api in adapters, f"{name} is exercised by {api}, which is gone"
   missing = sorted(
-      name for name, obj in public.items()
-      if id(obj) not in tested and name not in EXERCISED_BY and
-      name not in NO_ADAPTER)
+      name
+      for name, obj in public.items()
+      if id(obj) not in tested
+      and name not in EXERCISED_BY
+      and name not in NO_ADAPTER
+  )
   stale = sorted(set(NO_ADAPTER) - set(public) - OPT_IN_API)
   return missing, stale

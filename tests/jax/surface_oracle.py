@@ -50,8 +50,7 @@ def _expected(part, ref_places):
   _same_count(keys, ref_places, "places of the inputs")
   if part.kind == "first":
     firsts = {}
-    return [ref_places[firsts.setdefault(key, i)]
-            for i, key in enumerate(keys)]
+    return [ref_places[firsts.setdefault(key, i)] for i, key in enumerate(keys)]
   if part.kind == "unique":
     seen = set()
     kept = []
@@ -66,7 +65,8 @@ def _expected(part, ref_places):
 def _same_count(keys, ref_places, what):
   if len(keys) != len(ref_places):
     raise AssertionError(
-        f"{len(ref_places)} reference places for {len(keys)} {what}")
+        f"{len(ref_places)} reference places for {len(keys)} {what}"
+    )
 
 
 def check(result, ref):
@@ -83,12 +83,14 @@ def check(result, ref):
     if len(mine) != len(expected):
       raise AssertionError(
           f"part {n} ({part.kind}): {len(mine)} places, expected "
-          f"{len(expected)}:\n  ours:     {mine}\n  expected: {expected}")
+          f"{len(expected)}:\n  ours:     {mine}\n  expected: {expected}"
+      )
     for i, (x, y) in enumerate(zip(mine, expected)):
       if not _equal(x, y):
         raise AssertionError(
             f"part {n} ({part.kind}) place {i}: {x!r} != expected {y!r}\n"
-            f"  ours:     {mine}\n  expected: {expected}")
+            f"  ours:     {mine}\n  expected: {expected}"
+        )
     if part.kind == "summed" and part.depth == 1:
       _check_tied(part, n)
 
@@ -104,7 +106,8 @@ def _check_tied(part, n):
     if leaves[j] is not leaf:
       raise AssertionError(
           f"part {n} (summed): the derivative at places {j} and {i}, which "
-          "are one node in the input, is two objects")
+          "are one node in the input, is two objects"
+      )
 
 
 def _equal(x, y):

@@ -108,8 +108,11 @@ class UserFn:
   def numpy(self, t):
     """`tree` for a host callback: numpy leaves."""
     return self.tree(
-        t, g=lambda x: np.asarray(0.5 * np.sin(x) + 0.75 * np.asarray(x),
-                                  np.float32))
+        t,
+        g=lambda x: np.asarray(
+            0.5 * np.sin(x) + 0.75 * np.asarray(x), np.float32
+        ),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,8 +141,15 @@ QUOTAS = {"cheap": None, "normal": 7, "heavy": 3}
 ADAPTERS = {}
 
 
-def adapter(api, n_args=2, fns=True, diffs=DIFF_MODES, patterns=None,
-            fn_modes=FN_MODES, cost="normal"):
+def adapter(
+    api,
+    n_args=2,
+    fns=True,
+    diffs=DIFF_MODES,
+    patterns=None,
+    fn_modes=FN_MODES,
+    cost="normal",
+):
   """Registers `call` as the adapter of `api` (a public name, with a
   bracketed variant where one API has several)."""
 
@@ -147,8 +157,14 @@ def adapter(api, n_args=2, fns=True, diffs=DIFF_MODES, patterns=None,
     if api in ADAPTERS:
       raise ValueError(f"two adapters for {api}")
     ADAPTERS[api] = Adapter(
-        api, call, n_args, tuple(fn_modes) if fns else ("-",), tuple(diffs),
-        tuple(patterns or (PATTERNS if n_args > 1 else PATTERNS_ONE)), cost)
+        api,
+        call,
+        n_args,
+        tuple(fn_modes) if fns else ("-",),
+        tuple(diffs),
+        tuple(patterns or (PATTERNS if n_args > 1 else PATTERNS_ONE)),
+        cost,
+    )
     return call
 
   return register
@@ -178,8 +194,12 @@ def cases():
   out = []
   for name in sorted(ADAPTERS):
     a = ADAPTERS[name]
-    every = [Case(name, p, m, d) for p in a.patterns for m in a.fn_modes
-             for d in a.diffs]
+    every = [
+        Case(name, p, m, d)
+        for p in a.patterns
+        for m in a.fn_modes
+        for d in a.diffs
+    ]
     quota = QUOTAS[a.cost]
     if quota is None or quota >= len(every):
       out += every
@@ -194,8 +214,13 @@ def _covering(candidates, quota):
   covered (ties: the earliest)."""
 
   def aspects(c):
-    return {("p", c.pattern), ("m", c.fn_mode), ("d", c.diff),
-            ("pm", c.pattern, c.fn_mode), ("pd", c.pattern, c.diff)}
+    return {
+        ("p", c.pattern),
+        ("m", c.fn_mode),
+        ("d", c.diff),
+        ("pm", c.pattern, c.fn_mode),
+        ("pd", c.pattern, c.diff),
+    }
 
   chosen, covered = [], set()
   remaining = list(candidates)
@@ -215,8 +240,9 @@ def tangents_like(args):
 def run_case(case, fam):
   """The case's result on the node family `fam`."""
   a = ADAPTERS[case.api]
-  args = build_args(case.pattern, fam, a.n_args,
-                    np.random.default_rng(case.seed))
+  args = build_args(
+      case.pattern, fam, a.n_args, np.random.default_rng(case.seed)
+  )
   fn = UserFn(case.fn_mode, fam) if case.fn_mode != "-" else None
   program = lambda *xs: a.call(xs, fn, fam)
   if case.diff == "none":
