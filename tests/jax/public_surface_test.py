@@ -33,16 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # Known failures of the patched JAX, by a regular expression over case ids:
 # each is a finding to fix, not a difference to accept (strict: a case that
 # starts passing must lose its mark).
-_SHARING = "(within|across|model|nested)"
-KNOWN_FAILURES = {
-    rf"jax\.(pure_callback(\[vmap\])?|experimental\.io_callback)-"
-    rf"{_SHARING}-less-.*": (
-        "a callback whose result shares less than result_shape_dtypes "
-        "raises (RuntimeError: the callback's result must share ... at "
-        "least where result_shape_dtypes does); stock reads the result per "
-        "position"
-    ),
-}
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 def _marks(case):
