@@ -64,7 +64,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))  # The children run with -P.
 
-import interpreters  # noqa: E402
+import children  # noqa: E402
 
 DEEP_LAYERS = 100
 PAIRS = 50
@@ -347,38 +347,27 @@ def child_main(args):
     measure_cells(cells, args.calls)
     return
   seconds = time_cells(cells, args.calls, args.batches)
-  print(
-      json.dumps(
-          [[cell, pattern, value] for (cell, pattern), value in seconds.items()]
-      )
+  children.print_result(
+      [[cell, pattern, value] for (cell, pattern), value in seconds.items()]
   )
 
 
 def _child_argv(python, side, args):
-  return [
+  return children.child_command(
       python,
-      "-P",
       __file__,
-      "--child",
-      side,
-      "--calls",
-      str(args.calls),
-      "--batches",
-      str(args.batches),
-      "--match",
-      args.match,
+      *("--child", side, "--calls", args.calls, "--batches", args.batches),
+      *("--match", args.match),
       *(["--instructions"] if args.instructions else []),
-  ]
+      python_flags=("-P",),
+  )
 
 
 def _run_child(python, side, args):
-  done = subprocess.run(
-      _child_argv(python, side, args), capture_output=True, text=True, cwd="/"
-  )
-  if done.returncode:
-    sys.exit(f"{side} child ({python}) failed:\n{done.stderr}")
   result = {}
-  for cell, pattern, value in json.loads(done.stdout.splitlines()[-1]):
+  for cell, pattern, value in children.run_json_child(
+      _child_argv(python, side, args), f"{side} child ({python})", cwd="/"
+  ):
     result.setdefault(cell, {})[pattern] = value
   return result
 
@@ -489,12 +478,9 @@ def parent_main(args):
       else (_run_child, "s", args.runs)
   )
   runs = {"stock": [], "patched": []}
-  for k in range(runs_wanted):
-    order = ("stock", "patched") if k % 2 == 0 else ("patched", "stock")
-    for side in order:
-      python = args.stock_python if side == "stock" else args.patched_python
-      runs[side].append(measure(python, side, args))
-      print(f"  run {k + 1}: {side}", file=sys.stderr, flush=True)
+  for k, side in children.alternating(runs_wanted):
+    runs[side].append(measure(children.interpreter(args, side), side, args))
+    print(f"  run {k + 1}: {side}", file=sys.stderr, flush=True)
 
   def per_run(side, cell, pattern):
     return [run[cell][pattern] for run in runs[side]]
@@ -537,7 +523,7 @@ def parent_main(args):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  interpreters.add_arguments(parser)
+  children.add_interpreter_arguments(parser)
   parser.add_argument("--runs", type=int, default=3)
   parser.add_argument("--calls", type=int, default=20)
   parser.add_argument("--batches", type=int, default=10)
@@ -557,9 +543,7 @@ def main():
       help="with --instructions: also each cell's instructions by "
       "executable and shared library",
   )
-  parser.add_argument(
-      "--child", choices=("stock", "patched"), help=argparse.SUPPRESS
-  )
+  parser.add_argument("--child", choices=children.SIDES, help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.by_object and not args.instructions:
     parser.error("--by-object needs --instructions")

@@ -9,13 +9,11 @@ check_gpu.py puts bench/ and tests/jax/ on sys.path for the timed checks.
 import gc
 import importlib.metadata
 import inspect
-import json
 import os
+import pathlib
 import re
 import statistics
-import subprocess
 import sys
-import tempfile
 import warnings
 
 # --lm presets, (vocabulary, width, sequence, batch); "tiny" is the size
@@ -444,29 +442,31 @@ def check_tied_lm(jax, args, timings):
 
 
 def check_jit_dispatch(args, platform, timings):
-  import bench_jit
+  import children
+  import jit_cases
 
-  with tempfile.TemporaryDirectory() as tmp:
-    out = os.path.join(tmp, "child.json")
-    # --platforms '': the platform of this run (JAX_PLATFORMS, if set, is
-    # inherited), not bench_jit's CPU.
-    done = subprocess.run(
-        [sys.executable, "-E", "-s", bench_jit.__file__]
-        + ["--child", "patched", "--child-out", out, "--platforms", ""]
-        + ["--rounds", str(args.jit_rounds), "--compile-reps", "1"],
-        capture_output=True,
-        text=True,
+  # --platforms '': the platform of this run (JAX_PLATFORMS, if set, is
+  # inherited), not bench_jit's CPU.
+  command = children.child_command(
+      sys.executable,
+      pathlib.Path(children.__file__).with_name("bench_jit.py"),
+      *("--child", "patched", "--platforms", ""),
+      *("--rounds", args.jit_rounds, "--compile-reps", 1),
+      python_flags=("-E", "-s"),
+  )
+  try:
+    result = children.run_json_child(
+        command,
+        "bench_jit.py's child",
         timeout=900,
         # This process holds jax's preallocated share of the GPU's memory.
         env=dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false"),
     )
-    if done.returncode:
-      tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
-      raise AssertionError(
-          f"bench_jit.py's child exited {done.returncode}: " + " | ".join(tail)
-      )
-    with open(out) as f:
-      result = json.load(f)
+  except children.ChildFailed as e:
+    tail = e.output.splitlines()[-5:]
+    raise AssertionError(
+        f"bench_jit.py's child exited {e.returncode}: " + " | ".join(tail)
+    ) from None
   c = Conditions()
   backend = result["info"]["backend"]
   c(backend == platform, f"bench_jit ran on {backend}, not {platform}")
@@ -478,11 +478,11 @@ def check_jit_dispatch(args, platform, timings):
   ]
   c(not wrong, f"bench_jit's checks failed: {wrong}")
   cells = {}
-  for case in bench_jit.COMMON_CASES + bench_jit.EXTRA_CASES:
-    for kind in bench_jit.KINDS:
+  for case in jit_cases.COMMON_CASES + jit_cases.EXTRA_CASES:
+    for kind in jit_cases.KINDS:
       times = result["times_us"].get(f"{case}/{kind}")
       if times:
-        cells.setdefault(bench_jit.CASE_LABELS[case], {})[kind + " us"] = (
+        cells.setdefault(jit_cases.CASE_LABELS[case], {})[kind + " us"] = (
             statistics.median(times)
         )
   timings[f"jit dispatch on {backend}"] = cells
