@@ -7,7 +7,8 @@
 #      jaxlib 0.10.2 for the differential tests, hypothesis, pytest, optree);
 #   2. per Python, the module built with setuptools (`pip install .`, warnings
 #      as errors), then the module's tests (the fuzz campaign and the
-#      hypothesis search of test_sharing_invariants.py on the first only);
+#      hypothesis search of test_sharing_invariants.py and
+#      test_sharing_query_invariants.py on the first only);
 #   3. on the first Python only (the heavy jobs): the module built with bazel
 #      (Debian's bazel-bootstrap, warnings as errors) and the same tests
 #      against that build, then the module built with AddressSanitizer and
@@ -90,8 +91,9 @@ for version in "${found[@]}"; do
     # broken sharing invariants (together half the suite's time), run on the
     # first Python only; the differential tests against stock run on all.
     heavy=(--ignore="$root/tests/test_fuzz_short.py"
-           --ignore="$root/tests/test_sharing_invariants.py")
-    echo "Python $version: test_fuzz_short.py and test_sharing_invariants.py run on Python $first only"
+           --ignore="$root/tests/test_sharing_invariants.py"
+           --ignore="$root/tests/test_sharing_query_invariants.py")
+    echo "Python $version: test_fuzz_short.py and the sharing invariants' hypothesis search run on Python $first only"
   fi
   JAXLIB_PATCH_EXPECT=site-packages \
     run_suite "setuptools (Python $version)" "$venv" "${heavy[@]}" "$@"
