@@ -327,3 +327,32 @@ def dags(draw, max_pool=6, max_children=3, depth=2):
   tree = (args, kwargs)
   note(f"tree = {tree!r}")
   return tree
+
+
+def expanded_signature(x):
+  """The pairs of opted-in node positions of ``x`` that hold one object, in a
+  pre-order walk that re-enters shared nodes (stock's positions), so that
+  trees that differ only in sharing number their positions alike."""
+  objects = []
+
+  def go(x):
+    if type(x) in OPTED:
+      objects.append(x)
+    for _, child in children_with_keys(x) or []:
+      go(child)
+
+  go(x)
+  return frozenset(
+      (i, j)
+      for i, j in itertools.combinations(range(len(objects)), 2)
+      if objects[i] is objects[j]
+  )
+
+
+def drawn_breakage(x, data):
+  """``x`` with one reference (if it has any) replaced by an equal copy."""
+  refs = Model(x).refs
+  if refs == 0:
+    return copy_tree(x)
+  k = data.draw(st.integers(0, refs - 1), label="broken reference")
+  return copy_tree(x, break_reference=k)

@@ -6,7 +6,6 @@ its model; and their errors on other trees and deep ones.
 
 from __future__ import annotations
 
-import itertools
 import sys
 
 import pytest
@@ -19,42 +18,13 @@ from sharing_model import (
     REGISTRY,
     SETTINGS,
     STOCK_REGISTRY,
-    Model,
-    children_with_keys,
     copy_tree,
     dags,
+    drawn_breakage,
+    expanded_signature,
     flatten,
     follow,
 )
-
-
-def expanded_signature(x):
-  """The pairs of opted-in node positions of ``x`` that hold one object, in a
-  pre-order walk that re-enters shared nodes (stock's positions), so that
-  trees that differ only in sharing number their positions alike."""
-  objects = []
-
-  def go(x):
-    if type(x) in OPTED:
-      objects.append(x)
-    for _, child in children_with_keys(x) or []:
-      go(child)
-
-  go(x)
-  return frozenset(
-      (i, j)
-      for i, j in itertools.combinations(range(len(objects)), 2)
-      if objects[i] is objects[j]
-  )
-
-
-def drawn_breakage(x, data):
-  """``x`` with one reference (if it has any) replaced by an equal copy."""
-  refs = Model(x).refs
-  if refs == 0:
-    return copy_tree(x)
-  k = data.draw(st.integers(0, refs - 1), label="broken reference")
-  return copy_tree(x, break_reference=k)
 
 
 @SETTINGS
