@@ -274,6 +274,30 @@ SITES = {
         SHARING,
         "linear_transpose's primals, as vjp's",
     ),
+    ("api", "jacrev.jacfun", "tree_identities.tree_transpose"): (
+        SHARING,
+        "jacrev's jacobian, laid out as its arguments and results: a tied "
+        "node is one variable, with one row of the jacobian",
+    ),
+    ("api", "jacrev.jacfun", "tree_identities.tree_structure"): (
+        SHARING,
+        "the structures jacrev's jacobian is transposed with, in the layout "
+        "of its arguments and results",
+    ),
+    ("api", "_jacobian_map", "tree_identities.tree_map"): (
+        SHARING,
+        "the jacobians' maps over their arguments and results, as grad "
+        "keeps them: one derivative per tied node",
+    ),
+    ("api", "_std_basis", "identity_default_registry.flatten"): (
+        SHARING,
+        "the jacobians' basis: one direction per leaf of a tied node",
+    ),
+    ("api", "_unravel_array_into_pytree", "identity_default_registry.flatten"): (
+        SHARING,
+        "a jacobian unravelled into the tree of its arguments or results, a "
+        "tied node's leaves once",
+    ),
     (
         "shard_map",
         "_shard_map.wrapped",
