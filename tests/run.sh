@@ -233,6 +233,13 @@ for version in "${found[@]}"; do
   jax_venv=$(venv_of "$version" "$jax_venv_default")
   step "Python $version: the custom wheels in $jax_venv, then the JAX-level tests"
   install_wheels "$version" "$jax_venv"
-  run_jax_suite "$version" "$jax_venv" "$@"
+  # The generated public-surface test (1,400 cases) runs on the first
+  # Python only: the patched jax is the same source on every Python.
+  if [ "$version" = "$first" ]; then
+    run_jax_suite "$version" "$jax_venv" "$@"
+  else
+    run_jax_suite "$version" "$jax_venv" \
+      --ignore="$root/tests/jax/public_surface_test.py" "$@"
+  fi
   "$jax_venv/bin/python" -I examples/demo.py
 done
