@@ -57,520 +57,53 @@ to compile, and of a first call of a fresh ``jax.jit``.
 
 The children run on CPU (``--platforms cpu``); ``--platforms ''`` leaves the
 platform to jax, as build/check_gpu.py does to time the cases on a GPU.
+
+The cases are jit_cases.py's, the child's measurements jit_child.py's; this
+file is the parent, which runs the children (children.py) and reports.
 """
 
 import argparse
 import datetime
-import gc
 import json
 import os
 import platform
-import random
-import re
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
+import children
+from jit_cases import BATCH_CALLS, CASE_LABELS, COMMON_CASES, EXTRA_CASES, KINDS
 from machine import cpu_model
 
-NUM_LAYERS = 100
-NUM_DICT = 100
-KINDS = ("tree", "scalar")
 
-# Calls per batch, per case: fixed, so that both children run the same schedule.
-BATCH_CALLS = {
-    "i": 200,
-    "inline": 200,
-    "ii": 40,
-    "iii": 20,
-    "iv": 20,
-    "v": 20,
-    "nnx": 4,
-    "eqx_share": 8,
-    "eqx_plain": 4,
-}
-COMMON_CASES = ("i", "inline", "ii", "iii", "iv", "v")
-EXTRA_CASES = ("nnx", "eqx_share", "eqx_plain")
-CASE_LABELS = {
-    "i": "(i) one small array",
-    "inline": "inline jax.jit(f)(x), one small array",
-    "ii": "(ii) dict of 100 arrays",
-    "iii": "(iii) 100 layers, no opt-in",
-    "iv": "(iv) 100 layers, opted in, unshared",
-    "v": "(v) 1 opted-in layer shared x100",
-    "nnx": "(v) nnx.jit, 1 nnx layer shared x100",
-    "eqx_share": "(v) eqx share-through, 1 layer shared x100",
-    "eqx_plain": "(v) plain eqx.filter_jit, shared x100",
-}
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-# ==========================================================================
-# The child: measures one interpreter's jax.
-# ==========================================================================
-
-
-def child_main(args):
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-  from jax import tree_util
-
-  if args.platforms:
-    jax.config.update("jax_platforms", args.platforms)
-  register = tree_util.register_pytree_node
-  import inspect
-
-  patched = (
-      "preserve_relative_identities" in inspect.signature(register).parameters
-  )
-  if patched != (args.child == "patched"):
-    raise SystemExit(
-        f"{sys.executable}: jax {jax.__version__} at {jax.__file__} is "
-        f"{'patched' if patched else 'stock'}, expected {args.child}"
-    )
-
-  # ---- the trees -------------------------------------------------------
-
-  class Layer:
-
-    def __init__(self, w, b, scale):
-      self.w, self.b, self.scale = w, b, scale
-
-  class LayerR(Layer):
-    """The class opted in to relative identities (in the patched jax)."""
-
-  class Model:
-
-    def __init__(self, layers):
-      self.layers = layers
-
-  for cls, flags in (
-      (Layer, {}),
-      (LayerR, {"preserve_relative_identities": True} if patched else {}),
-  ):
-    register(
-        cls,
-        lambda l: ((l.w, l.b, l.scale), None),
-        (lambda c: lambda _, ch: c(*ch))(cls),
-        **flags,
-    )
-  register(Model, lambda m: ((m.layers,), None), lambda _, ch: Model(ch[0]))
-
-  rng = np.random.default_rng(0)
-
-  def arr(*shape):
-    return jnp.asarray(rng.standard_normal(shape, dtype=np.float32))
-
-  def new_layer(cls):
-    return cls(arr(4, 4), arr(4), arr())
-
-  shared_layer = new_layer(LayerR)
-  trees = {
-      "i": arr(8),
-      "ii": {f"a{i:03d}": arr(8) for i in range(NUM_DICT)},
-      "iii": Model([new_layer(Layer) for _ in range(NUM_LAYERS)]),
-      "iv": Model([new_layer(LayerR) for _ in range(NUM_LAYERS)]),
-      "v": Model([shared_layer] * NUM_LAYERS),
-  }
-
-  # ---- the functions (the same for every case and library) ---------------
-
-  def update(t):
-    """x + 1 on every distinct leaf object (memo by id, so a leaf that is
-    the same tracer at several positions stays one output)."""
-    memo = {}
-
-    def one(x):
-      y = memo.get(id(x))
-      if y is None:
-        y = memo[id(x)] = x + 1
-      return y
-
-    return jax.tree.map(one, t)
-
-  def total(t):
-    """Sum of the sums of the distinct leaf objects."""
-    seen = {id(x): x for x in jax.tree.leaves(t)}
-    return sum(jnp.sum(x) for x in seen.values())
-
-  funs = {"tree": update, "scalar": total}
-
-  def first_leaf(out):
-    return jax.tree.leaves(out)[0]
-
-  cells = {}  # name -> (call, sync, ncalls)
-  jitted = {}
-  for case in COMMON_CASES:
-    for kind in KINDS:
-      if case == "inline":
-        cells[f"{case}/{kind}"] = (
-            (lambda g=funs[kind], x=trees["i"]: jax.jit(g)(x)),
-            first_leaf,
-            BATCH_CALLS[case],
-        )
-        continue
-      f = jax.jit(lambda t, _g=funs[kind]: _g(t))
-      x = trees[case]
-      jitted[f"{case}/{kind}"] = f
-      cells[f"{case}/{kind}"] = (
-          (lambda f=f, x=x: f(x)),
-          first_leaf,
-          BATCH_CALLS[case],
-      )
-
-  checks = {}
-  info = {
-      "python": sys.version.split()[0],
-      "jax": jax.__version__,
-      "jax_file": jax.__file__,
-      "numpy": np.__version__,
-      "backend": jax.default_backend(),
-  }
-
-  # sanity: sharing in the outputs of (v), none in (iv)
-  out_v = cells["v/tree"][0]()
-  out_iv = cells["iv/tree"][0]()
-  checks["v out shares layers"] = (
-      out_v.layers[0] is out_v.layers[NUM_LAYERS - 1]
-  )
-  checks["iv out shares layers"] = out_iv.layers[0] is out_iv.layers[1]
-  checks["v out value ok"] = bool(
-      np.allclose(out_v.layers[5].w, shared_layer.w + 1)
-  )
-  if patched and not checks["v out shares layers"]:
-    raise SystemExit("patched jax.jit did not keep the shared layer shared")
-  if not patched and checks["v out shares layers"]:
-    raise SystemExit("stock jax.jit kept sharing?")
-
-  extras = {}
-  if patched:
-    extras.update(make_nnx_cells(jax, jnp, arr, checks, info))
-    extras.update(
-        make_eqx_cells(jax, jnp, arr, update, total, first_leaf, checks, info)
-    )
-
-  # ---- HLO parameters and trace/compile time ------------------------------
-
-  def hlo_params(text):
-    for line in text.splitlines():
-      if "func.func public @main(" in line:
-        return len(re.findall(r"%arg\d+:", line))
-    return None
-
-  compile_stats = {}
-  for case in ("iv", "v"):
-    for kind in KINDS:
-      lower_s, compile_s, first_s = [], [], []
-      nparams = None
-      for rep in range(args.compile_reps + 1):  # rep 0: not kept
-        f = jax.jit(lambda t, _g=funs[kind]: _g(t))  # fresh: no cache
-        t0 = time.perf_counter()
-        lowered = f.lower(trees[case])
-        t1 = time.perf_counter()
-        lowered.compile()
-        t2 = time.perf_counter()
-        lower_s.append(t1 - t0)
-        compile_s.append(t2 - t1)
-        nparams = hlo_params(lowered.as_text())
-        g = jax.jit(lambda t, _g=funs[kind]: _g(t))
-        t0 = time.perf_counter()
-        jax.block_until_ready(g(trees[case]))
-        if rep:
-          first_s.append(time.perf_counter() - t0)
-        else:
-          lower_s.clear()
-          compile_s.clear()
-      compile_stats[f"{case}/{kind}"] = {
-          "hlo_params": nparams,
-          "lower_ms": 1e3 * statistics.median(lower_s),
-          "compile_ms": 1e3 * statistics.median(compile_s),
-          "first_call_ms": 1e3 * statistics.median(first_s),
-      }
-
-  # ---- where the time of (i) goes (min of timeit repeats, ns per call) ----
-  import timeit
-
-  f_i, x_i = jitted["i/tree"], trees["i"]
-  parts = {"f(x)": lambda: f_i(x_i)}
-  if patched:
-    from jax._src import tree_util as src_tree_util
-
-    flat = src_tree_util.tracing_registry.flatten
-    DA = src_tree_util.DispatchArgs
-    leaves_i, td_i = flat(((x_i,), {}))
-    parts.update(
-        {
-            "flatten((args, kwargs))": lambda: flat(((x_i,), {})),
-            "DispatchArgs(...)": lambda: DA(leaves_i, td_i, (x_i,), {}),
-        }
-    )
-  parts["jax.jit(f)"] = lambda: jax.jit(update)
-  n_bd = 2000 if args.rounds < 10 else 20000
-  breakdown = {
-      k: 1e9 * min(timeit.repeat(fn, number=n_bd, repeat=5)) / n_bd
-      for k, fn in parts.items()
-  }
-
-  # ---- timing ---------------------------------------------------------------
-
-  all_cells = dict(cells)
-  all_cells.update(extras)
-  for call, sync, _ in all_cells.values():  # warm up: trace, compile
-    for _ in range(3):
-      jax.block_until_ready(sync(call()))
-
-  common = sorted(cells)
-  extra = sorted(extras)
-  order_rng = random.Random(args.seed)
-  extra_rng = random.Random(args.seed + 1)
-  times = {name: [] for name in all_cells}
-  gc.collect()
-  gc.disable()
-  try:
-    for rnd in range(args.rounds + 1):  # round 0 is a warm-up, not kept
-      order = common[:]
-      order_rng.shuffle(order)
-      order2 = extra[:]
-      extra_rng.shuffle(order2)
-      for name in order + order2:
-        call, sync, n = all_cells[name]
-        t0 = time.perf_counter()
-        for _ in range(n):
-          out = call()
-        sync(out).block_until_ready()
-        dt = (time.perf_counter() - t0) / n
-        if rnd:
-          times[name].append(dt * 1e6)
-      gc.enable()
-      gc.collect()
-      gc.disable()
-  finally:
-    gc.enable()
-
-  # every timed call was a cache hit: one entry per jitted function
-  checks["one cache entry per jit"] = all(
-      f._cache_size() == 1 for f in jitted.values()
-  )
-  result = {
-      "variant": args.child,
-      "info": info,
-      "checks": checks,
-      "times_us": times,
-      "compile": compile_stats,
-      "breakdown_ns": breakdown,
-  }
-  with open(args.child_out, "w") as fh:
-    json.dump(result, fh)
-
-
-def make_nnx_cells(jax, jnp, arr, checks, info):
-  try:
-    import warnings
-
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
-    import flax
-    from flax import nnx
-  except Exception as e:  # pragma: no cover
-    info["flax"] = f"not available: {type(e).__name__}: {e}"
-    return {}
-  info["flax"] = flax.__version__
-
-  class NLayer(nnx.Module):
-
-    def __init__(self):
-      self.w = nnx.Param(arr(4, 4))
-      self.b = nnx.Param(arr(4))
-      self.scale = nnx.Param(arr())
-
-  class NModel(nnx.Module):
-
-    def __init__(self, layer):
-      self.layers = nnx.List([layer] * NUM_LAYERS)
-
-  layer = NLayer()
-  model = NModel(layer)
-
-  @nnx.jit
-  def nnx_update(m):
-    # nnx style: update the (de-duplicated) state in place
-    nnx.update(m, jax.tree.map(lambda x: x + 1, nnx.state(m)))
-
-  @nnx.jit
-  def nnx_total(m):
-    return sum(jnp.sum(x) for x in jax.tree.leaves(nnx.state(m)))
-
-  before = float(layer.scale[...])
-  nnx_update(model)
-  checks["nnx state has 3 leaves"] = len(jax.tree.leaves(nnx.state(model))) == 3
-  checks["nnx keeps sharing"] = model.layers[0] is model.layers[NUM_LAYERS - 1]
-  checks["nnx updated once"] = abs(float(layer.scale[...]) - before - 1) < 1e-5
-  return {
-      "nnx/tree": (
-          lambda: nnx_update(model),
-          lambda _: layer.w[...],
-          BATCH_CALLS["nnx"],
-      ),
-      "nnx/scalar": (
-          lambda: nnx_total(model),
-          lambda out: out,
-          BATCH_CALLS["nnx"],
-      ),
-  }
-
-
-def make_eqx_cells(jax, jnp, arr, update, total, first_leaf, checks, info):
-  try:
-    import equinox as eqx
-  except Exception as e:  # pragma: no cover
-    info["equinox"] = f"not available: {type(e).__name__}: {e}"
-    return {}
-  info["equinox"] = eqx.__version__
-
-  class ELayer(eqx.Module):
-    w: jax.Array
-    b: jax.Array
-    scale: jax.Array
-
-  class EModel(eqx.Module):
-    layers: tuple
-
-  layer = ELayer(arr(4, 4), arr(4), arr())
-  model = EModel(tuple([layer] * NUM_LAYERS))
-  share_update = share_through(update)
-  share_total = share_through(total)
-  plain_update = eqx.filter_jit(update)
-  plain_total = eqx.filter_jit(total)
-
-  out = share_update(model)
-  checks["eqx share-through re-shares leaves"] = (
-      out.layers[0].w is out.layers[NUM_LAYERS - 1].w
-  )
-  checks["eqx share-through value ok"] = bool(
-      jnp.allclose(out.layers[3].w, layer.w + 1)
-  )
-  checks["eqx share-through traced 3 leaves"] = (
-      share_update.last_num_unique == 3
-  )
-  return {
-      "eqx_share/tree": (
-          lambda: share_update(model),
-          first_leaf,
-          BATCH_CALLS["eqx_share"],
-      ),
-      "eqx_share/scalar": (
-          lambda: share_total(model),
-          lambda o: o,
-          BATCH_CALLS["eqx_share"],
-      ),
-      "eqx_plain/tree": (
-          lambda: plain_update(model),
-          first_leaf,
-          BATCH_CALLS["eqx_plain"],
-      ),
-      "eqx_plain/scalar": (
-          lambda: plain_total(model),
-          lambda o: o,
-          BATCH_CALLS["eqx_plain"],
-      ),
-  }
-
-
-def share_through(fn):
-  """``eqx.filter_jit(fn)`` that passes each distinct leaf object once.
-
-  Before the call, the leaves of the arguments are de-duplicated by ``id()``;
-  the plan (treedef and, per position, the index of its distinct leaf) is a
-  static argument, so it is part of the cache key. Inside, the tree is
-  rebuilt with the same tracer at every position of one leaf. The outputs are
-  de-duplicated the same way and rebuilt after the call, so an output leaf
-  that was one tracer inside is one array outside.
-  """
-  import equinox as eqx
-  import jax
-
-  def split(tree):
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    distinct, index, where = [], [], {}
-    for leaf in leaves:
-      i = where.get(id(leaf))
-      if i is None:
-        i = where[id(leaf)] = len(distinct)
-        distinct.append(leaf)
-      index.append(i)
-    return distinct, (treedef, tuple(index))
-
-  def join(distinct, plan):
-    treedef, index = plan
-    return jax.tree_util.tree_unflatten(treedef, [distinct[i] for i in index])
-
-  @eqx.filter_jit
-  def inner(distinct, plan):
-    wrapper.last_num_unique = len(distinct)
-    return split(fn(join(distinct, plan)))  # the out plan is static output
-
-  def wrapper(tree):
-    distinct, plan = split(tree)
-    out_distinct, out_plan = inner(distinct, plan)
-    return join(out_distinct, out_plan)
-
-  wrapper.last_num_unique = None
-  return wrapper
-
-
-# ==========================================================================
-# The parent: runs the children, alternating, and reports.
-# ==========================================================================
-
-
-def default_patched_python():
-  for cand in (
-      os.path.join(REPO, ".venv-jax/bin/python"),
-      os.path.join(REPO, ".venv/bin/python"),
-      "/tmp/venvjax/bin/python",
-  ):
-    if os.path.exists(cand):
-      return cand
-  return None
-
-
-def run_child(python, variant, args, tmpdir, k):
-  out = os.path.join(tmpdir, f"{variant}{k}.json")
-  cmd = [
-      python,
-      "-E",
-      "-s",
-      os.path.abspath(__file__),
-      "--child",
-      variant,
-      "--child-out",
-      out,
-      "--rounds",
-      str(args.rounds),
-      "--seed",
-      str(args.seed),
-      "--platforms",
-      args.platforms,
-      "--compile-reps",
-      str(args.compile_reps),
-  ]
+def run_children(args):
+  """{side: [each child's result]} of `args.runs` runs a side, alternating,
+  and the seconds they took."""
+  print(f"stock:   {args.stock_python}\npatched: {args.patched_python}")
+  print(f"{args.runs} runs each, {args.rounds} rounds per run, alternating")
+  runs = {"stock": [], "patched": []}
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
   if args.platforms:
     env["JAX_PLATFORMS"] = args.platforms
-  t0 = time.perf_counter()
-  proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-  if proc.returncode != 0:
-    sys.stderr.write(proc.stdout + proc.stderr)
-    raise SystemExit(f"child {variant} ({python}) failed: rc={proc.returncode}")
-  with open(out) as fh:
-    res = json.load(fh)
-  print(
-      f"  run {k + 1}: {variant:7s} {time.perf_counter() - t0:5.1f} s",
-      flush=True,
-  )
-  return res
+  t_start = time.time()
+  for k, side in children.alternating(args.runs):
+    python = children.interpreter(args, side)
+    command = children.child_command(
+        python,
+        __file__,
+        *("--child", side, "--rounds", args.rounds, "--seed", args.seed),
+        *("--platforms", args.platforms, "--compile-reps", args.compile_reps),
+        python_flags=("-E", "-s"),
+    )
+    t0 = time.perf_counter()
+    runs[side].append(
+        children.run_json_child(command, f"child {side} ({python})", env=env)
+    )
+    print(
+        f"  run {k + 1}: {side:7s} {time.perf_counter() - t0:5.1f} s",
+        flush=True,
+    )
+  return runs, time.time() - t_start
 
 
 def med(xs):
@@ -581,22 +114,17 @@ def fmt_us(x):
   return f"{x:.1f}" if x == x else "-"
 
 
-def parent_main(args):
-  stock_py = args.stock_python or sys.executable
-  patched_py = args.patched_python or default_patched_python()
-  if not patched_py:
-    raise SystemExit("no --patched-python given and none found")
-  print(f"stock:   {stock_py}\npatched: {patched_py}")
-  print(f"{args.runs} runs each, {args.rounds} rounds per run, alternating")
-  runs = {"stock": [], "patched": []}
-  t_start = time.time()
-  with tempfile.TemporaryDirectory() as tmpdir:
-    for k in range(args.runs):
-      order = ("stock", "patched") if k % 2 == 0 else ("patched", "stock")
-      for variant in order:
-        py = stock_py if variant == "stock" else patched_py
-        runs[variant].append(run_child(py, variant, args, tmpdir, k))
-  elapsed = time.time() - t_start
+def markdown_table(header, rows):
+  """The lines of a markdown table."""
+  return [
+      "| " + " | ".join(header) + " |",
+      "|" + "---|" * len(header),
+  ] + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def dispatch_results(runs):
+  """Per cell, the median times and the ratios over the run pairs; and the
+  rows of the table that shows them."""
 
   def pooled(variant, name):
     return med([t for r in runs[variant] for t in r["times_us"].get(name, [])])
@@ -648,27 +176,11 @@ def parent_main(args):
               "",
           )
       )
+  return res, rows
 
-  header = (
-      "case",
-      "fn",
-      "stock µs",
-      "patched µs",
-      "patched/stock",
-      "range over runs",
-  )
-  table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-  table += ["| " + " | ".join(r) + " |" for r in rows]
-  print()
-  print("\n".join(table))
-  print(
-      "\nµs: median per call over all batches of all runs. patched/stock: "
-      "median over the run pairs (stock run k, patched run k, adjacent in "
-      "time) of the ratio of their medians. Rows marked '(v)': their time / "
-      "patched jax.jit's time on (v) (higher = jax.jit faster)."
-  )
 
-  # ---- targets ----
+def check_targets(res):
+  """Each target, met or not, printed and returned."""
   targets = []
 
   def target(desc, value, ok, shown):
@@ -692,20 +204,14 @@ def parent_main(args):
         )
       else:
         target(f"(v) {kind} >= 10x faster than {what}", f, f >= 10, f"{f:.1f}x")
+  return targets
 
-  # ---- HLO params and compile times (medians over runs) ----
-  print("\nTrace+compile (median over runs; fresh jax.jit each):")
+
+def compile_results(runs):
+  """The HLO parameters and compile times (medians over runs), and the
+  lines of their table."""
   comp = {}
-  chead = (
-      "interpreter",
-      "case",
-      "fn",
-      "HLO params",
-      "trace+lower ms",
-      "compile ms",
-      "first call ms",
-  )
-  ctable = ["| " + " | ".join(chead) + " |", "|" + "---|" * len(chead)]
+  rows = []
   for variant in ("stock", "patched"):
     for case in ("iv", "v"):
       for kind in KINDS:
@@ -721,13 +227,30 @@ def parent_main(args):
             "iv": "(iv) 100 distinct layers",
             "v": "(v) 1 layer shared x100",
         }[case]
-        ctable.append(
-            f"| {variant} | {label} | {kind} | {c['hlo_params']} | "
-            f"{c['lower_ms']:.1f} | {c['compile_ms']:.1f} | "
-            f"{c['first_call_ms']:.1f} |"
+        rows.append(
+            (
+                variant,
+                label,
+                kind,
+                str(c["hlo_params"]),
+                f"{c['lower_ms']:.1f}",
+                f"{c['compile_ms']:.1f}",
+                f"{c['first_call_ms']:.1f}",
+            )
         )
-  print("\n".join(ctable))
+  header = (
+      "interpreter",
+      "case",
+      "fn",
+      "HLO params",
+      "trace+lower ms",
+      "compile ms",
+      "first call ms",
+  )
+  return comp, markdown_table(header, rows)
 
+
+def print_checks(runs):
   print("\nChecks:")
   for variant in ("stock", "patched"):
     r = runs[variant][0]
@@ -737,6 +260,10 @@ def parent_main(args):
     print(
         f"  {variant}: " + ", ".join(f"{k}={v}" for k, v in r["info"].items())
     )
+
+
+def breakdown_results(runs):
+  """Where the time of (i) tree goes: each part's min over runs, printed."""
   print("\nWhere the time of (i) tree goes (ns per call, min over runs):")
   bd = {}
   for variant in ("stock", "patched"):
@@ -744,6 +271,35 @@ def parent_main(args):
       v = min(r["breakdown_ns"][key] for r in runs[variant])
       bd[f"{variant}: {key}"] = v
       print(f"  {variant:7s} {key:28s} {v:7.0f}")
+  return bd
+
+
+def parent_main(args):
+  runs, elapsed = run_children(args)
+  res, rows = dispatch_results(runs)
+  header = (
+      "case",
+      "fn",
+      "stock µs",
+      "patched µs",
+      "patched/stock",
+      "range over runs",
+  )
+  table = markdown_table(header, rows)
+  print()
+  print("\n".join(table))
+  print(
+      "\nµs: median per call over all batches of all runs. patched/stock: "
+      "median over the run pairs (stock run k, patched run k, adjacent in "
+      "time) of the ratio of their medians. Rows marked '(v)': their time / "
+      "patched jax.jit's time on (v) (higher = jax.jit faster)."
+  )
+  targets = check_targets(res)
+  print("\nTrace+compile (median over runs; fresh jax.jit each):")
+  comp, ctable = compile_results(runs)
+  print("\n".join(ctable))
+  print_checks(runs)
+  bd = breakdown_results(runs)
   met = sum(t["met"] for t in targets)
   print(f"\n{met} of {len(targets)} targets met; {elapsed:.0f} s")
 
@@ -757,9 +313,7 @@ def parent_main(args):
                   "platform": platform.platform(),
                   "cpu": cpu_model(),
               },
-              "argv": sys.argv,
-              "stock_python": stock_py,
-              "patched_python": patched_py,
+              # The interpreters by their versions (in "info"), not paths.
               "runs": args.runs,
               "rounds": args.rounds,
               "batch_calls": BATCH_CALLS,
@@ -790,15 +344,7 @@ def main():
       help="a few-second smoke run (1 run each, 3 rounds)",
   )
   ap.add_argument("--json", help="write the results to this file")
-  ap.add_argument(
-      "--stock-python",
-      help="interpreter with stock jax 0.10.2 " "(default: this one)",
-  )
-  ap.add_argument(
-      "--patched-python",
-      help="interpreter with the custom wheels "
-      "(default: .venv-jax, .venv or /tmp/venvjax)",
-  )
+  children.add_interpreter_arguments(ap)
   ap.add_argument(
       "--runs",
       type=int,
@@ -820,12 +366,11 @@ def main():
   ap.add_argument(
       "--strict", action="store_true", help="exit 1 if a target is missed"
   )
-  ap.add_argument(
-      "--child", choices=("stock", "patched"), help=argparse.SUPPRESS
-  )
-  ap.add_argument("--child-out", help=argparse.SUPPRESS)
+  ap.add_argument("--child", choices=children.SIDES, help=argparse.SUPPRESS)
   args = ap.parse_args()
   if args.child:
+    from jit_child import child_main
+
     return child_main(args)
   if args.quick:
     args.runs, args.rounds, args.compile_reps = 1, 3, 1

@@ -64,11 +64,9 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))  # The children run with -P.
 
-import interpreters  # noqa: E402
-
-DEEP_LAYERS = 100
-PAIRS = 50
-LEARNING_RATE = 1e-3
+# pylint: disable=wrong-import-position
+import children  # noqa: E402
+from peer_cells import equinox_cells, nnx_cells  # noqa: E402
 
 # cell -> (patched pattern, the stock patterns it is held against, bound)
 TARGETS = {
@@ -78,225 +76,6 @@ TARGETS = {
     "eqx lm step": ("opt-in", ("Shared",), 0.8),
     "eqx pairs step": ("opt-in", ("Shared",), 0.8),
 }
-
-
-def _nnx_cells(side):
-  import jax
-  import jax.numpy as jnp
-  import optax
-  from flax import nnx
-
-  if side == "patched":
-    jax.tree_util.preserve_relative_identities(nnx.Pytree)
-    jax.tree_util.preserve_relative_identities(nnx.Variable)
-
-  class Deep(nnx.Module):
-
-    def __init__(self, rngs):
-      layer = nnx.Linear(8, 8, rngs=rngs)
-      for index in range(DEEP_LAYERS):
-        setattr(self, f"layer{index:03d}", layer)
-
-    def __call__(self, x):
-      for index in range(DEEP_LAYERS):
-        x = jnp.tanh(getattr(self, f"layer{index:03d}")(x))
-      return x
-
-  class Affine(nnx.Module):
-
-    def __init__(self, rngs):
-      self.weight = nnx.Param(1 + 0.1 * rngs.params.normal((4,)))
-      self.bias = nnx.Param(jnp.zeros(4))
-
-    def __call__(self, x):
-      return jnp.tanh(self.weight * x + self.bias)
-
-  class Pairs(nnx.Module):
-
-    def __init__(self, rngs):
-      encoders = [Affine(rngs) for _ in range(PAIRS)]
-      self.encoders = nnx.List(encoders)
-      self.decoders = nnx.List(reversed(encoders))
-
-    def __call__(self, x):
-      return sum(
-          decoder(encoder(x))
-          for encoder, decoder in zip(self.encoders, self.decoders)
-      )
-
-  def loss(model, x, y):
-    return jnp.mean((model(x) - y) ** 2)
-
-  def update(model, optimizer, x, y):
-    value, grads = nnx.value_and_grad(loss)(model, x, y)
-    optimizer.update(model, grads)
-    return value
-
-  def new_optimizer(model):
-    return nnx.Optimizer(model, optax.adamw(LEARNING_RATE), wrt=nnx.Param)
-
-  def opted_in_step(model_class, x, y):
-    @jax.jit
-    def step(model, optimizer, x, y):
-      return update(model, optimizer, x, y), model, optimizer
-
-    model = model_class(nnx.Rngs(0))
-    loop = {"model": model, "optimizer": new_optimizer(model)}
-
-    def call():
-      value, loop["model"], loop["optimizer"] = step(
-          loop["model"], loop["optimizer"], x, y
-      )
-      return value
-
-    return call
-
-  def split_step(model_class, x, y):
-    @jax.jit
-    def step(graphdef, state, x, y):
-      model, optimizer = nnx.merge(graphdef, state)
-      return update(model, optimizer, x, y), nnx.state((model, optimizer))
-
-    model = model_class(nnx.Rngs(0))
-    graphdef, state = nnx.split((model, new_optimizer(model)))
-    loop = {"state": state}
-
-    def call():
-      value, loop["state"] = step(graphdef, loop["state"], x, y)
-      return value
-
-    return call
-
-  def nnx_jit_step(model_class, x, y):
-    step = nnx.jit(update)
-    model = model_class(nnx.Rngs(0))
-    optimizer = new_optimizer(model)
-    return lambda: step(model, optimizer, x, y)
-
-  def forward(pattern, x):
-    model = Deep(nnx.Rngs(0))
-    if pattern == "split":
-      graphdef, state = nnx.split(model)
-      call = jax.jit(lambda graphdef, state, x: nnx.merge(graphdef, state)(x))
-      return lambda: call(graphdef, state, x)
-    call = {"jax.jit": jax.jit, "nnx.jit": nnx.jit}[pattern](
-        lambda model, x: model(x)
-    )
-    return lambda: call(model, x)
-
-  steps = {"split": split_step, "nnx.jit": nnx_jit_step}
-  if side == "patched":
-    steps["jax.jit"] = opted_in_step
-  inputs = {
-      "deep": (Deep, jnp.ones((2, 8)), jnp.zeros((2, 8))),
-      "pairs": (Pairs, jnp.ones((8, 4)), jnp.zeros((8, 4))),
-  }
-  cells = {}
-  for model_name, (model_class, x, y) in inputs.items():
-    for pattern, make in steps.items():
-      cells[f"nnx {model_name} step", pattern] = make(model_class, x, y)
-  for pattern in steps:
-    cells["nnx deep forward", pattern] = forward(pattern, inputs["deep"][1])
-  return cells
-
-
-def _equinox_cells(side):
-  import equinox as eqx
-  import jax
-  import jax.numpy as jnp
-
-  if side == "patched":
-    jax.tree_util.preserve_relative_identities(eqx.Module)
-  sys.path.insert(0, str(ROOT / "tests" / "jax"))
-  import equinox_tied_lm as lm
-
-  class Affine(eqx.Module):
-    weight: jax.Array
-    bias: jax.Array
-
-    def __call__(self, x):
-      return jnp.tanh(self.weight * x + self.bias)
-
-  def encoders(key):
-    return tuple(
-        Affine(1 + 0.1 * jax.random.normal(k, (4,)), jnp.zeros(4))
-        for k in jax.random.split(key, PAIRS)
-    )
-
-  def run_pairs(encoders, decoders, x):
-    return sum(
-        decoder(encoder(x)) for encoder, decoder in zip(encoders, decoders)
-    )
-
-  class TiedPairs(eqx.Module):
-    encoders: tuple
-    decoders: tuple
-
-    def __init__(self, key):
-      self.encoders = encoders(key)
-      self.decoders = self.encoders[::-1]
-
-    def __call__(self, x):
-      return run_pairs(self.encoders, self.decoders, x)
-
-  def pair_arrays(layers):
-    return [array for layer in layers for array in (layer.weight, layer.bias)]
-
-  class SharedPairs(eqx.Module):
-    layers: eqx.nn.Shared
-
-    def __init__(self, key):
-      tied = encoders(key)
-      copies = tuple(jax.tree.map(lambda a: a, layer) for layer in tied[::-1])
-      self.layers = eqx.nn.Shared(
-          (tied, copies),
-          where=lambda pair: pair_arrays(pair[1]),
-          get=lambda pair: pair_arrays(pair[0][::-1]),
-      )
-
-    def __call__(self, x):
-      tied, copies = self.layers()
-      return run_pairs(tied, copies, x)
-
-  def pairs_step(model, opt_state, x, y):
-    def loss(model):
-      return jnp.mean((jax.vmap(model)(x) - y) ** 2)
-
-    value, grads = eqx.filter_value_and_grad(loss)(model)
-    updates, opt_state = lm.optimizer.update(
-        grads, opt_state, eqx.filter(model, eqx.is_array)
-    )
-    return value, eqx.apply_updates(model, updates), opt_state
-
-  def training_loop(model, step, x, y):
-    step = eqx.filter_jit(step)
-    loop = {
-        "model": model,
-        "opt_state": lm.optimizer.init(eqx.filter(model, eqx.is_array)),
-    }
-
-    def call():
-      value, loop["model"], loop["opt_state"] = step(
-          loop["model"], loop["opt_state"], x, y
-      )
-      return value
-
-    return call
-
-  models = {"Shared": (lm.SharedLM, SharedPairs)}
-  if side == "patched":
-    models["opt-in"] = (lm.TiedLM, TiedPairs)
-  key = jax.random.key(0)
-  pairs_batch = (jnp.ones((8, 4)), jnp.zeros((8, 4)))
-  cells = {}
-  for pattern, (lm_class, pairs_class) in models.items():
-    cells["eqx lm step", pattern] = training_loop(
-        lm_class(key), lm.step, *lm.batch()
-    )
-    cells["eqx pairs step", pattern] = training_loop(
-        pairs_class(key), pairs_step, *pairs_batch
-    )
-  return cells
 
 
 def time_cells(cells, calls, batches):
@@ -337,8 +116,8 @@ def child_main(args):
   cells = {
       (cell, pattern): call
       for (cell, pattern), call in {
-          **_nnx_cells(args.child),
-          **_equinox_cells(args.child),
+          **nnx_cells(args.child),
+          **equinox_cells(args.child),
       }.items()
       if re.search(args.match, cell)
   }
@@ -347,38 +126,27 @@ def child_main(args):
     measure_cells(cells, args.calls)
     return
   seconds = time_cells(cells, args.calls, args.batches)
-  print(
-      json.dumps(
-          [[cell, pattern, value] for (cell, pattern), value in seconds.items()]
-      )
+  children.print_result(
+      [[cell, pattern, value] for (cell, pattern), value in seconds.items()]
   )
 
 
 def _child_argv(python, side, args):
-  return [
+  return children.child_command(
       python,
-      "-P",
       __file__,
-      "--child",
-      side,
-      "--calls",
-      str(args.calls),
-      "--batches",
-      str(args.batches),
-      "--match",
-      args.match,
+      *("--child", side, "--calls", args.calls, "--batches", args.batches),
+      *("--match", args.match),
       *(["--instructions"] if args.instructions else []),
-  ]
+      python_flags=("-P",),
+  )
 
 
 def _run_child(python, side, args):
-  done = subprocess.run(
-      _child_argv(python, side, args), capture_output=True, text=True, cwd="/"
-  )
-  if done.returncode:
-    sys.exit(f"{side} child ({python}) failed:\n{done.stderr}")
   result = {}
-  for cell, pattern, value in json.loads(done.stdout.splitlines()[-1]):
+  for cell, pattern, value in children.run_json_child(
+      _child_argv(python, side, args), f"{side} child ({python})", cwd="/"
+  ):
     result.setdefault(cell, {})[pattern] = value
   return result
 
@@ -489,12 +257,9 @@ def parent_main(args):
       else (_run_child, "s", args.runs)
   )
   runs = {"stock": [], "patched": []}
-  for k in range(runs_wanted):
-    order = ("stock", "patched") if k % 2 == 0 else ("patched", "stock")
-    for side in order:
-      python = args.stock_python if side == "stock" else args.patched_python
-      runs[side].append(measure(python, side, args))
-      print(f"  run {k + 1}: {side}", file=sys.stderr, flush=True)
+  for k, side in children.alternating(runs_wanted):
+    runs[side].append(measure(children.interpreter(args, side), side, args))
+    print(f"  run {k + 1}: {side}", file=sys.stderr, flush=True)
 
   def per_run(side, cell, pattern):
     return [run[cell][pattern] for run in runs[side]]
@@ -537,7 +302,7 @@ def parent_main(args):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  interpreters.add_arguments(parser)
+  children.add_interpreter_arguments(parser)
   parser.add_argument("--runs", type=int, default=3)
   parser.add_argument("--calls", type=int, default=20)
   parser.add_argument("--batches", type=int, default=10)
@@ -557,9 +322,7 @@ def main():
       help="with --instructions: also each cell's instructions by "
       "executable and shared library",
   )
-  parser.add_argument(
-      "--child", choices=("stock", "patched"), help=argparse.SUPPRESS
-  )
+  parser.add_argument("--child", choices=children.SIDES, help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.by_object and not args.instructions:
     parser.error("--by-object needs --instructions")

@@ -49,6 +49,8 @@ import subprocess
 import sys
 import tempfile
 
+from children import child_command
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -162,9 +164,10 @@ def matching_cells(pattern):
   trees of bench_pytree.py (stock, ours, opt-in)."""
   sys.path.insert(0, HERE)
   import bench_pytree
+  import pytree_grid
 
-  grid = bench_pytree.make_grid()
-  cells = bench_pytree.grid_cells(
+  grid = pytree_grid.make_grid()
+  cells = pytree_grid.grid_cells(
       {w: tree for w, tree in grid.items() if pattern.search(w)}
   )
   libraries = bench_pytree.make_libraries()
@@ -369,7 +372,7 @@ def count(pattern, plan, heap_state=0):
     with open(plan_path, "w") as f:
       json.dump([pattern, plan, heap_state], f)
     totals = callgrind_totals(
-        [sys.executable, os.path.abspath(__file__), "--child", plan_path],
+        child_command(sys.executable, __file__, "--child", plan_path),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -44,7 +44,7 @@ import os
 import pathlib
 import subprocess
 
-import interpreters
+import children
 from count_instructions import (
     callgrind_totals,
     dump_costs_by_function,
@@ -95,22 +95,15 @@ CASES = {
 }
 
 
-def calls_of_cases():
-  """Each case's call, each on a jitted function of its own (stock's global
-  cache is keyed on the function), after one call that compiled it."""
+def node_classes():
+  """The cases' classes of nodes: Layer (opted in on the custom wheels, a
+  plain dataclass node on stock), the dataclass Pair and the namedtuple
+  Point."""
   import collections
   import dataclasses
   import inspect
 
   import jax
-  import jax.numpy as jnp
-  import numpy as np
-
-  def add_one(tree):
-    return jax.tree.map(lambda leaf: leaf + 1, tree)
-
-  def new_add_one():
-    return lambda *args, **kwargs: add_one((args, kwargs))
 
   register = jax.tree_util.register_dataclass
   opt_in = (
@@ -121,7 +114,6 @@ def calls_of_cases():
   class Layer:
     w: jax.Array
 
-  # Opted in on the custom wheels, a plain dataclass node on stock.
   Layer = (register(preserve_relative_identities=True) if opt_in else register)(
       Layer
   )
@@ -132,8 +124,23 @@ def calls_of_cases():
     a: object
     b: object
 
-  Point = collections.namedtuple("Point", ["x", "y"])
+  return Layer, Pair, collections.namedtuple("Point", ["x", "y"])
 
+
+def calls_of_cases():
+  """Each case's call, each on a jitted function of its own (stock's global
+  cache is keyed on the function), after one call that compiled it."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  def add_one(tree):
+    return jax.tree.map(lambda leaf: leaf + 1, tree)
+
+  def new_add_one():
+    return lambda *args, **kwargs: add_one((args, kwargs))
+
+  Layer, Pair, Point = node_classes()
   x = jnp.asarray(np.arange(8, dtype=np.float32))
   y = x * 2
   d = {f"a{i:03d}": x + i for i in range(100)}
@@ -221,16 +228,12 @@ def run_child(python, calls, heap_state, cases, read):
   """What `read` finds in the callgrind dumps of a child under `python`
   that counts `cases`."""
   return callgrind_totals(
-      [
+      children.child_command(
           python,
-          os.path.abspath(__file__),
-          "--child",
-          str(calls),
-          "--child-heap-state",
-          str(heap_state),
-          "--cases",
-          ",".join(cases),
-      ],
+          __file__,
+          *("--child", calls, "--child-heap-state", heap_state),
+          *("--cases", ",".join(cases)),
+      ),
       read=read,
       cwd="/",
       env=dict(
@@ -312,7 +315,7 @@ def print_by_function(stock_python, patched_python, calls, cases, top):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  interpreters.add_arguments(parser)
+  children.add_interpreter_arguments(parser)
   parser.add_argument("--calls", type=int, default=2000)
   parser.add_argument(
       "--heap-states",

@@ -25,8 +25,8 @@ jax_wheel=$(ls -t "$dist"/jax-*+*-py3-none-any.whl | head -n 1)
 jaxlib_wheel=$(ls -t "$dist"/jaxlib-*+*-"$tag"-*.whl | head -n 1)
 version=$(basename "$jax_wheel" | cut -d- -f2 | cut -d+ -f1)
 # build.py's reading of jax's METADATA, the one that --tpu downloads by.
-libtpu=$("$python" -c 'import pathlib, sys; sys.path.insert(0, "build"); import build
-print(build.libtpu_requirement(pathlib.Path(sys.argv[1])))' "$jax_wheel")
+libtpu=$("$python" -c 'import pathlib, sys; sys.path.insert(0, "build"); import wheel_files
+print(wheel_files.libtpu_requirement(pathlib.Path(sys.argv[1])))' "$jax_wheel")
 plugins=("jax-cuda12-plugin==$version" "jax-cuda12-pjrt==$version" "$libtpu")
 
 mkdir -p "$downloads"

@@ -27,9 +27,9 @@ import sys
 import zipfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-PATCH_ROOT = REPO / "jax_patch"
-DOWNLOADS = REPO / "build" / "_work" / "downloads"
+from build_common import DEFAULT_VERSION, PATCH_ROOT, REPO, BuildError
+from jax_series import apply_patches, cached_stock_jax, read_series
+
 STOCK_SUBJECT = "stock jax {version}"
 
 
@@ -53,12 +53,6 @@ def git(cwd: Path, *args: str, stdin: str | None = None) -> str:
   return result.stdout
 
 
-def series_files(version: str) -> list[Path]:
-  folder = PATCH_ROOT / version
-  names = (folder / "series").read_text().split()
-  return [folder / name for name in names]
-
-
 def split_patch(text: str) -> tuple[str, str]:
   """A patch file's description and its diff."""
   at = re.search(r"^--- a/", text, re.MULTILINE)
@@ -67,23 +61,11 @@ def split_patch(text: str) -> tuple[str, str]:
   return text[: at.start()].strip("\n"), text[at.start() :]
 
 
-def stock_wheel(version: str) -> Path:
-  found = sorted(
-      DOWNLOADS.glob(f"jax-{version}-*/jax-{version}-py3-none-any.whl")
-  )
-  if not found:
-    sys.exit(
-        f"no jax {version} wheel under {DOWNLOADS}: run build/build.py "
-        "once, or pass --wheel"
-    )
-  return found[0]
-
-
 def checkout(folder: Path, version: str, wheel: Path | None) -> None:
   if folder.exists():
     sys.exit(f"{folder} exists")
   folder.mkdir(parents=True)
-  with zipfile.ZipFile(wheel or stock_wheel(version)) as archive:
+  with zipfile.ZipFile(wheel or cached_stock_jax(version)) as archive:
     archive.extractall(
         folder, [n for n in archive.namelist() if n.startswith("jax/")]
     )
@@ -93,24 +75,16 @@ def checkout(folder: Path, version: str, wheel: Path | None) -> None:
     exclude.write("__pycache__/\n")
   git(folder, "add", "-A")
   git(folder, "commit", "-q", "-m", STOCK_SUBJECT.format(version=version))
-  for path in series_files(version):
-    description, diff = split_patch(path.read_text())
-    subprocess.run(
-        ["patch", "-p1", "-s", "--no-backup-if-mismatch", "--fuzz=0"],
-        cwd=folder,
-        input=diff,
-        text=True,
-        check=True,
-    )
+  patches = read_series(version)
+  for path in patches:
+    description, _ = split_patch(path.read_text())
+    apply_patches(folder, [path])
     subject = re.sub(r"^\d+-", "", path.stem)
     git(folder, "add", "-A")
     git(
         folder, "commit", "-q", "-F", "-", stdin=f"{subject}\n\n{description}\n"
     )
-  print(
-      f"{folder}: stock jax {version} and {len(series_files(version))} "
-      "patch commits"
-  )
+  print(f"{folder}: stock jax {version} and {len(patches)} " "patch commits")
 
 
 def export(folder: Path, version: str) -> None:
@@ -170,17 +144,20 @@ def main() -> None:
   parser.add_argument("folder", type=Path)
   parser.add_argument(
       "--version",
-      default=(REPO / "VERSION").read_text(encoding="utf-8").strip(),
+      default=DEFAULT_VERSION,
       help="jax version (default: the repository's VERSION, %(default)s)",
   )
   parser.add_argument("--wheel", type=Path, help="the stock jax wheel")
   args = parser.parse_args()
   if shutil.which("patch") is None or shutil.which("git") is None:
     sys.exit("needs git and patch")
-  if args.command == "checkout":
-    checkout(args.folder, args.version, args.wheel)
-  else:
-    export(args.folder, args.version)
+  try:
+    if args.command == "checkout":
+      checkout(args.folder, args.version, args.wheel)
+    else:
+      export(args.folder, args.version)
+  except BuildError as e:
+    sys.exit(f"patch_series.py: error: {e}")
 
 
 if __name__ == "__main__":

@@ -308,7 +308,8 @@ class Flattener {
     RecursionGuard guard(" in flatten", stack_limit_);
     IdentityScope* scope = nullptr;  // Set for an opted-in node.
     size_t identity_slot = 0;
-    if (KeepsIdentity(node.custom) && registry_.keeps_relative_identities()) {
+    if (KeepsIdentity(node.custom) &&
+        registry_.keeps_relative_identities_now()) {
       scope = &scope_.Get();
       const IdentityScope::Entry entry = scope->Enter(obj);
       if (!entry.first) {
@@ -324,104 +325,10 @@ class Flattener {
       case PyTreeKind::kNone: break;
       case PyTreeKind::kTuple:
       case PyTreeKind::kNamedTuple:
-      case PyTreeKind::kList: {
-        nb::object fields;
-        if (kWithPath && node.kind == PyTreeKind::kNamedTuple) {
-          fields = NamedTupleFields(obj);
-        }
-        if (node.kind == PyTreeKind::kNamedTuple) {
-          node.node_data =
-              nb::borrow(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr())));
-        }
-        ReserveForChildren(PySequence_Fast_GET_SIZE(obj.ptr()));
-        // Size re-read each step: a flatten function further down may mutate
-        // a list we are walking.
-        for (; node.arity < PySequence_Fast_GET_SIZE(obj.ptr()); ++node.arity) {
-          nb::object child =
-              nb::borrow(PySequence_Fast_GET_ITEM(obj.ptr(), node.arity));
-          if constexpr (kWithPath) {
-            if (node.kind == PyTreeKind::kNamedTuple) {
-              FlattenChild(child, FieldKey(fields, node.arity));
-            } else {
-              FlattenChild(child, MakeSequenceKey(node.arity));
-            }
-          } else {
-            Flatten(child);
-          }
-        }
-        break;
-      }
-      case PyTreeKind::kDict: {
-        // An empty dict (jit's kwargs, mostly) has no keys to sort.
-        if (PyDict_GET_SIZE(obj.ptr()) == 0) break;
-        nb::list keys = SortedDictKeys(obj);
-        node.dict_keys.reserve(PyList_GET_SIZE(keys.ptr()));
-        for (nb::handle key : keys) {
-          PyObject* value = PyDict_GetItemWithError(obj.ptr(), key.ptr());
-          if (value == nullptr) {
-            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key.ptr());
-            throw nb::python_error();
-          }
-          node.dict_keys.push_back(nb::borrow(key));
-          nb::object child = nb::borrow(value);
-          if constexpr (kWithPath) {
-            FlattenChild(child, MakeDictKey(key));
-          } else {
-            Flatten(child);
-          }
-        }
-        node.arity = node.dict_keys.size();
-        break;
-      }
-      case PyTreeKind::kCustom: {
-        const bool with_keys =
-            kWithPath && !node.custom->to_iterable_with_keys.is_none();
-        nb::object result = with_keys ? node.custom->to_iterable_with_keys(obj)
-                                      : node.custom->to_iterable(obj);
-        auto [iterator, aux] = UnpackChildrenAndAux(result, with_keys);
-        node.node_data = std::move(aux);
-        // All children are taken before any is flattened, as stock does: a
-        // failing iterator fails before any callback on its first items.
-        // They wait in `pending_`, one buffer for the whole flatten, which
-        // spares an allocation per node.
-        const size_t first = pending_.size();
-        ForEach(iterator, [&](nb::object child) {
-          if (with_keys) CheckKeyChildPair(child);
-          pending_.push_back(std::move(child));
-        });
-        const size_t end = pending_.size();
-        ReserveForChildren(end - first);
-        for (size_t k = first; k < end; ++k) {
-          // A copy: the recursion may grow `pending_` and move its items.
-          const nb::object child = pending_[k];
-          if constexpr (kWithPath) {
-            if (with_keys) {
-              FlattenChild(nb::borrow(PyTuple_GET_ITEM(child.ptr(), 1)),
-                           nb::borrow(PyTuple_GET_ITEM(child.ptr(), 0)));
-            } else {
-              FlattenChild(child, MakeFlattenedIndexKey(node.arity));
-            }
-          } else {
-            Flatten(child);
-          }
-          ++node.arity;
-        }
-        pending_.resize(first);
-        break;
-      }
-      case PyTreeKind::kDataclass: {
-        node.node_data = MetaFields(obj, *node.custom);
-        for (const nb::str& field : node.custom->data_fields) {
-          nb::object child = GetAttr(obj, field);
-          if constexpr (kWithPath) {
-            FlattenChild(child, MakeGetAttrKey(field));
-          } else {
-            Flatten(child);
-          }
-          ++node.arity;
-        }
-        break;
-      }
+      case PyTreeKind::kList: FlattenSequence(obj, node); break;
+      case PyTreeKind::kDict: FlattenDict(obj, node); break;
+      case PyTreeKind::kCustom: FlattenCustom(obj, node); break;
+      case PyTreeKind::kDataclass: FlattenDataclass(obj, node); break;
       case PyTreeKind::kLeaf: break;  // Handled above.
     }
     node.num_nodes = traversal_.size() - start_nodes + 1;
@@ -431,6 +338,107 @@ class Flattener {
   }
 
  private:
+  // The children of each kind of node, flattened in order into the
+  // traversal and the leaves; `node` gets their count and its node data.
+
+  void FlattenSequence(nb::handle obj, Node& node) {
+    nb::object fields;
+    if (kWithPath && node.kind == PyTreeKind::kNamedTuple) {
+      fields = NamedTupleFields(obj);
+    }
+    if (node.kind == PyTreeKind::kNamedTuple) {
+      node.node_data =
+          nb::borrow(reinterpret_cast<PyObject*>(Py_TYPE(obj.ptr())));
+    }
+    ReserveForChildren(PySequence_Fast_GET_SIZE(obj.ptr()));
+    // Size re-read each step: a flatten function further down may mutate
+    // a list we are walking.
+    for (; node.arity < PySequence_Fast_GET_SIZE(obj.ptr()); ++node.arity) {
+      nb::object child =
+          nb::borrow(PySequence_Fast_GET_ITEM(obj.ptr(), node.arity));
+      if constexpr (kWithPath) {
+        if (node.kind == PyTreeKind::kNamedTuple) {
+          FlattenChild(child, FieldKey(fields, node.arity));
+        } else {
+          FlattenChild(child, MakeSequenceKey(node.arity));
+        }
+      } else {
+        Flatten(child);
+      }
+    }
+  }
+
+  void FlattenDict(nb::handle obj, Node& node) {
+    // An empty dict (jit's kwargs, mostly) has no keys to sort.
+    if (PyDict_GET_SIZE(obj.ptr()) == 0) return;
+    nb::list keys = SortedDictKeys(obj);
+    node.dict_keys.reserve(PyList_GET_SIZE(keys.ptr()));
+    for (nb::handle key : keys) {
+      PyObject* value = PyDict_GetItemWithError(obj.ptr(), key.ptr());
+      if (value == nullptr) {
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key.ptr());
+        throw nb::python_error();
+      }
+      node.dict_keys.push_back(nb::borrow(key));
+      nb::object child = nb::borrow(value);
+      if constexpr (kWithPath) {
+        FlattenChild(child, MakeDictKey(key));
+      } else {
+        Flatten(child);
+      }
+    }
+    node.arity = node.dict_keys.size();
+  }
+
+  void FlattenCustom(nb::handle obj, Node& node) {
+    const bool with_keys =
+        kWithPath && !node.custom->to_iterable_with_keys.is_none();
+    nb::object result = with_keys ? node.custom->to_iterable_with_keys(obj)
+                                  : node.custom->to_iterable(obj);
+    auto [iterator, aux] = UnpackChildrenAndAux(result, with_keys);
+    node.node_data = std::move(aux);
+    // All children are taken before any is flattened, as stock does: a
+    // failing iterator fails before any callback on its first items.
+    // They wait in `pending_`, one buffer for the whole flatten, which
+    // spares an allocation per node.
+    const size_t first = pending_.size();
+    ForEach(iterator, [&](nb::object child) {
+      if (with_keys) CheckKeyChildPair(child);
+      pending_.push_back(std::move(child));
+    });
+    const size_t end = pending_.size();
+    ReserveForChildren(end - first);
+    for (size_t k = first; k < end; ++k) {
+      // A copy: the recursion may grow `pending_` and move its items.
+      const nb::object child = pending_[k];
+      if constexpr (kWithPath) {
+        if (with_keys) {
+          FlattenChild(nb::borrow(PyTuple_GET_ITEM(child.ptr(), 1)),
+                       nb::borrow(PyTuple_GET_ITEM(child.ptr(), 0)));
+        } else {
+          FlattenChild(child, MakeFlattenedIndexKey(node.arity));
+        }
+      } else {
+        Flatten(child);
+      }
+      ++node.arity;
+    }
+    pending_.resize(first);
+  }
+
+  void FlattenDataclass(nb::handle obj, Node& node) {
+    node.node_data = MetaFields(obj, *node.custom);
+    for (const nb::str& field : node.custom->data_fields) {
+      nb::object child = GetAttr(obj, field);
+      if constexpr (kWithPath) {
+        FlattenChild(child, MakeGetAttrKey(field));
+      } else {
+        Flatten(child);
+      }
+      ++node.arity;
+    }
+  }
+
   bool IsLeafByPredicate(nb::handle obj) {
     if constexpr (kWithPath) {
       return PredicateSaysLeaf((*leaf_predicate_)(CurrentPath(), obj));

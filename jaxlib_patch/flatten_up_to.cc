@@ -156,174 +156,218 @@ void TakeFlatChildren(const Node& node, ItemAt item_at, PyObject** slots) {
   if (not_none != nullptr) ThrowNotNone(nb::handle(not_none));
 }
 
+// What one flatten_up_to has left to do: the objects still to match, the
+// next on top (a pre-order walk from the right, as the traversal is read
+// backwards), and where the next leaf goes (the result is filled from its
+// last leaf).
+class UpToAgenda {
+ public:
+  UpToAgenda(nb::handle tree, PyObject** slots, Py_ssize_t num_leaves,
+             size_t num_nodes)
+      : slots_(slots), leaf_(num_leaves - 1) {
+    // A matching tree pushes one object per node, so this is the most the
+    // agenda holds: it never reallocates.
+    agenda_.reserve(num_nodes);
+    agenda_.push_back(nb::borrow(tree));
+  }
+
+  nb::object Pop() {
+    JAXLIB_PATCH_EXPECT(!agenda_.empty(), "Agenda underflow in flatten_up_to");
+    nb::object object = std::move(agenda_.back());
+    agenda_.pop_back();
+    return object;
+  }
+
+  // Every slot is set once, so the result list is never resized and the
+  // pointer holds.
+  void TakeLeaf(nb::object object) { slots_[leaf_--] = object.release().ptr(); }
+
+  // A matched node's children, `item_at(k)` the k-th, borrowed: flat ones
+  // straight into the result, others onto the agenda. Returns how many
+  // entries of the traversal that took (flat children: the node's arity).
+  template <typename ItemAt>
+  Py_ssize_t TakeChildren(const Node& node, ItemAt item_at) {
+    if (HasFlatChildren(node)) return TakeFlat(node, item_at);
+    for (Py_ssize_t k = 0; k < node.arity; ++k) {
+      agenda_.push_back(nb::borrow(item_at(k)));
+    }
+    return 0;
+  }
+
+  // For a custom node, whose children are pushed as its flatten function
+  // yields them, before they can be checked: the top of the agenda from
+  // `first_child` on. As TakeChildren.
+  size_t size() const { return agenda_.size(); }
+  void Push(nb::object child) { agenda_.push_back(std::move(child)); }
+  Py_ssize_t TakePushedChildren(const Node& node, size_t first_child) {
+    if (!HasFlatChildren(node)) return 0;
+    const nb::object* children = &agenda_[first_child];
+    const Py_ssize_t taken =
+        TakeFlat(node, [children](Py_ssize_t k) { return children[k].ptr(); });
+    agenda_.resize(first_child);
+    return taken;
+  }
+
+  void CheckDone() const {
+    JAXLIB_PATCH_EXPECT(agenda_.empty() && leaf_ == -1,
+                        "Tree did not match the PyTreeDef's node count");
+  }
+
+ private:
+  template <typename ItemAt>
+  Py_ssize_t TakeFlat(const Node& node, ItemAt item_at) {
+    TakeFlatChildren(node, item_at, &slots_[leaf_ - node.num_leaves + 1]);
+    leaf_ -= node.num_leaves;
+    return node.arity;
+  }
+
+  std::vector<nb::object> agenda_;
+  PyObject** slots_;
+  Py_ssize_t leaf_;
+};
+
+// The items of a tuple, list or named tuple `object` that matches `node`;
+// throws, in stock's words, if it does not.
+PyObject** SequenceItems(const Node& node, nb::handle object) {
+  switch (node.kind) {
+    case PyTreeKind::kTuple:
+      CheckSequence(object, node.arity, PyTuple_CheckExact(object.ptr()),
+                    "tuple", "Tuple", "tuple");
+      break;
+    case PyTreeKind::kList:
+      CheckSequence(object, node.arity, PyList_CheckExact(object.ptr()), "list",
+                    "List", "list");
+      break;
+    default:
+      CheckSequence(
+          object, node.arity,
+          PyTuple_Check(object.ptr()) && nb::hasattr(object, "_fields"),
+          "named tuple", "Named tuple", "tuple");
+      if (!node.node_data.is(
+              nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(object.ptr()))))) {
+        ThrowMismatch("Named tuple type mismatch: expected type: " +
+                      Repr(node.node_data) + ", tuple: " + Repr(object) + ".");
+      }
+  }
+  return PySequence_Fast_ITEMS(object.ptr());
+}
+
+// Matches a dict against its node and takes its values; returns as
+// UpToAgenda::TakeChildren.
+Py_ssize_t TakeDict(const Node& node, nb::handle object, UpToAgenda& agenda) {
+  if (!PyDict_CheckExact(object.ptr())) {
+    ThrowMismatch("Expected dict, got " + Repr(object) + ".");
+  }
+  nb::list keys = SortedDictKeys(object);
+  if (!SameDictKeys(node.dict_keys, PyList_GET_SIZE(keys.ptr()),
+                    [&](size_t i) { return PyList_GET_ITEM(keys.ptr(), i); })) {
+    ThrowMismatch(
+        "Dict key mismatch; expected keys: " + Repr(ExportedNodeData(node)) +
+        "; present keys: " + Repr(keys) + ".");
+  }
+  return agenda.TakeChildren(node, [&](Py_ssize_t k) {
+    PyObject* key = PyList_GET_ITEM(keys.ptr(), k);
+    // Keys' __hash__/__eq__ may raise, or change the dict.
+    PyObject* value = PyDict_GetItemWithError(object.ptr(), key);
+    if (value == nullptr) {
+      if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
+      throw nb::python_error();
+    }
+    return value;
+  });
+}
+
+// Matches a custom node or dataclass against its node (its type, node data
+// and arity) and takes its children; returns as UpToAgenda::TakeChildren.
+Py_ssize_t TakeCustom(const PyTreeRegistry& registry, const Node& node,
+                      nb::handle object, UpToAgenda& agenda) {
+  const bool dataclass = node.kind == PyTreeKind::kDataclass;
+  const PyTreeRegistry::Registration* custom =
+      registry.Lookup(Py_TYPE(object.ptr()));
+  if (custom == nullptr || custom->type.not_equal(node.custom->type)) {
+    ThrowMismatch(std::string(dataclass ? "Custom dataclass" : "Custom") +
+                  " node type mismatch: expected type: " +
+                  Repr(node.custom->type) + ", value: " + Repr(object) + ".");
+  }
+  // The children go straight onto the agenda; on a mismatch below the
+  // agenda is dropped with the exception.
+  const size_t first_child = agenda.size();
+  nb::object node_data;
+  if (dataclass) {
+    node_data = MetaFields(object, *custom);
+    for (const nb::str& field : custom->data_fields) {
+      agenda.Push(GetAttr(object, field));
+    }
+  } else {
+    auto [iterator, aux] =
+        UnpackChildrenAndAux(custom->to_iterable(object), false);
+    node_data = std::move(aux);
+    ForEach(iterator, [&](nb::object child) { agenda.Push(std::move(child)); });
+  }
+  const size_t num_children = agenda.size() - first_child;
+  if (node.node_data.not_equal(node_data)) {
+    ThrowMismatch(std::string(dataclass ? "Mismatch custom dataclass"
+                                        : "Mismatch custom") +
+                  " node data: " + Repr(node.node_data) +
+                  " != " + Repr(node_data) + "; value: " + Repr(object) + ".");
+  }
+  if (static_cast<Py_ssize_t>(num_children) != node.arity) {
+    ThrowMismatch(
+        "Custom type arity mismatch: " + std::to_string(num_children) +
+        " != " + std::to_string(node.arity) + "; value: " + Repr(object) + ".");
+  }
+  return agenda.TakePushedChildren(node, first_child);
+}
+
 }  // namespace
 
 nb::list PyTreeDef::FlattenUpTo(nb::handle tree) const {
   registry();  // Raises on a treedef emptied by the garbage collector.
-  const Py_ssize_t total_leaves = num_leaves();
-  nb::list leaves = nb::steal<nb::list>(PyList_New(total_leaves));
-  // Filled from the last leaf; every slot is set once, so the list is never
-  // resized and the pointer holds.
-  PyObject** slots = PySequence_Fast_ITEMS(leaves.ptr());
-  Py_ssize_t leaf = total_leaves - 1;
-  std::vector<nb::object> agenda;
-  // A matching tree pushes one object per node, so this is the most the
-  // agenda holds: it never reallocates.
-  agenda.reserve(traversal_.size());
-  agenda.push_back(nb::borrow(tree));
+  nb::list leaves = nb::steal<nb::list>(PyList_New(num_leaves()));
+  UpToAgenda agenda(tree, PySequence_Fast_ITEMS(leaves.ptr()), num_leaves(),
+                    traversal_.size());
   std::optional<SharingChecker> sharing;
   // A treedef of a registry without relative identities takes the tree as
   // stock does, one object at two places as two nodes, unless it has
   // references itself (assembled from pieces of another registry's).
   std::optional<bool> checks_sharing;
-  if (registry()->keeps_relative_identities()) checks_sharing = true;
+  if (registry()->keeps_relative_identities_now()) checks_sharing = true;
   const auto sharing_checked = [&] {
     if (!checks_sharing) checks_sharing = HasSharedNodes();
     return *checks_sharing;
   };
 
-  // Walks the traversal backwards: a pre-order walk from the right, so the
-  // agenda holds the objects still to match, the next one on top.
+  // Walks the traversal backwards; a node whose children it takes in place
+  // skips their entries.
   for (Py_ssize_t i = traversal_.size() - 1; i >= 0; --i) {
     const Node& node = traversal_[i];
-    JAXLIB_PATCH_EXPECT(!agenda.empty(), "Agenda underflow in flatten_up_to");
-    nb::object object = std::move(agenda.back());
-    agenda.pop_back();
+    nb::object object = agenda.Pop();
     if (KeepsIdentity(node.custom) && sharing_checked()) {
       if (!sharing) sharing.emplace(*this, tree);
       sharing->Check(object, i);
       if (node.is_reference()) continue;
     }
-    PyObject** items = nullptr;  // A tuple's, list's or named tuple's.
     switch (node.kind) {
-      case PyTreeKind::kLeaf: slots[leaf--] = object.release().ptr(); continue;
+      case PyTreeKind::kLeaf: agenda.TakeLeaf(std::move(object)); break;
       case PyTreeKind::kNone:
         if (!object.is_none()) ThrowNotNone(object);
-        continue;
+        break;
       case PyTreeKind::kTuple:
-        CheckSequence(object, node.arity, PyTuple_CheckExact(object.ptr()),
-                      "tuple", "Tuple", "tuple");
-        items = PySequence_Fast_ITEMS(object.ptr());
-        break;
       case PyTreeKind::kList:
-        CheckSequence(object, node.arity, PyList_CheckExact(object.ptr()),
-                      "list", "List", "list");
-        items = PySequence_Fast_ITEMS(object.ptr());
+      case PyTreeKind::kNamedTuple: {
+        PyObject** items = SequenceItems(node, object);
+        i -= agenda.TakeChildren(node,
+                                 [items](Py_ssize_t k) { return items[k]; });
         break;
-      case PyTreeKind::kNamedTuple:
-        CheckSequence(
-            object, node.arity,
-            PyTuple_Check(object.ptr()) && nb::hasattr(object, "_fields"),
-            "named tuple", "Named tuple", "tuple");
-        if (!node.node_data.is(nb::handle(
-                reinterpret_cast<PyObject*>(Py_TYPE(object.ptr()))))) {
-          ThrowMismatch("Named tuple type mismatch: expected type: " +
-                        Repr(node.node_data) + ", tuple: " + Repr(object) +
-                        ".");
-        }
-        items = PySequence_Fast_ITEMS(object.ptr());
-        break;
-      case PyTreeKind::kDict: {
-        if (!PyDict_CheckExact(object.ptr())) {
-          ThrowMismatch("Expected dict, got " + Repr(object) + ".");
-        }
-        nb::list keys = SortedDictKeys(object);
-        if (!SameDictKeys(
-                node.dict_keys, PyList_GET_SIZE(keys.ptr()),
-                [&](size_t i) { return PyList_GET_ITEM(keys.ptr(), i); })) {
-          ThrowMismatch("Dict key mismatch; expected keys: " +
-                        Repr(ExportedNodeData(node)) +
-                        "; present keys: " + Repr(keys) + ".");
-        }
-        auto value_at = [&](Py_ssize_t k) {
-          PyObject* key = PyList_GET_ITEM(keys.ptr(), k);
-          // Keys' __hash__/__eq__ may raise, or change the dict.
-          PyObject* value = PyDict_GetItemWithError(object.ptr(), key);
-          if (value == nullptr) {
-            if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
-            throw nb::python_error();
-          }
-          return value;
-        };
-        if (HasFlatChildren(node)) {
-          TakeFlatChildren(node, value_at, &slots[leaf - node.num_leaves + 1]);
-          leaf -= node.num_leaves;
-          i -= node.arity;
-        } else {
-          for (Py_ssize_t k = 0; k < node.arity; ++k) {
-            agenda.push_back(nb::borrow(value_at(k)));
-          }
-        }
-        continue;
       }
+      case PyTreeKind::kDict: i -= TakeDict(node, object, agenda); break;
       case PyTreeKind::kCustom:
-      case PyTreeKind::kDataclass: {
-        const bool dataclass = node.kind == PyTreeKind::kDataclass;
-        const PyTreeRegistry::Registration* custom =
-            registry()->Lookup(Py_TYPE(object.ptr()));
-        if (custom == nullptr || custom->type.not_equal(node.custom->type)) {
-          ThrowMismatch(
-              std::string(dataclass ? "Custom dataclass" : "Custom") +
-              " node type mismatch: expected type: " + Repr(node.custom->type) +
-              ", value: " + Repr(object) + ".");
-        }
-        // The children go straight onto the agenda; on a mismatch below
-        // the agenda is dropped with the exception.
-        const size_t first_child = agenda.size();
-        nb::object node_data;
-        if (dataclass) {
-          node_data = MetaFields(object, *custom);
-          for (const nb::str& field : custom->data_fields) {
-            agenda.push_back(GetAttr(object, field));
-          }
-        } else {
-          auto [iterator, aux] =
-              UnpackChildrenAndAux(custom->to_iterable(object), false);
-          node_data = std::move(aux);
-          ForEach(iterator, [&](nb::object child) {
-            agenda.push_back(std::move(child));
-          });
-        }
-        const size_t num_children = agenda.size() - first_child;
-        if (node.node_data.not_equal(node_data)) {
-          ThrowMismatch(std::string(dataclass ? "Mismatch custom dataclass"
-                                              : "Mismatch custom") +
-                        " node data: " + Repr(node.node_data) + " != " +
-                        Repr(node_data) + "; value: " + Repr(object) + ".");
-        }
-        if (static_cast<Py_ssize_t>(num_children) != node.arity) {
-          ThrowMismatch(
-              "Custom type arity mismatch: " + std::to_string(num_children) +
-              " != " + std::to_string(node.arity) + "; value: " + Repr(object) +
-              ".");
-        }
-        if (HasFlatChildren(node)) {
-          const nb::object* children = &agenda[first_child];
-          TakeFlatChildren(
-              node, [children](Py_ssize_t k) { return children[k].ptr(); },
-              &slots[leaf - node.num_leaves + 1]);
-          leaf -= node.num_leaves;
-          i -= node.arity;
-          agenda.resize(first_child);
-        }
-        continue;
-      }
-    }
-    // A tuple, list or named tuple: every other kind continues above.
-    if (HasFlatChildren(node)) {
-      TakeFlatChildren(
-          node, [items](Py_ssize_t k) { return items[k]; },
-          &slots[leaf - node.num_leaves + 1]);
-      leaf -= node.num_leaves;
-      i -= node.arity;
-    } else {
-      for (Py_ssize_t k = 0; k < node.arity; ++k) {
-        agenda.push_back(nb::borrow(items[k]));
-      }
+      case PyTreeKind::kDataclass:
+        i -= TakeCustom(*registry(), node, object, agenda);
+        break;
     }
   }
-  JAXLIB_PATCH_EXPECT(agenda.empty() && leaf == -1,
-                      "Tree did not match the PyTreeDef's node count");
+  agenda.CheckDone();
   return leaves;
 }
 

@@ -1,5 +1,6 @@
-// The object `jax.jit` returns (the `DispatchArgs` it hands to the stock C++
-// dispatch are in dispatch_args.cc).
+// The calls of the object `jax.jit` returns (its type is in
+// jit_function_type.cc, the `DispatchArgs` it hands to the stock C++ dispatch
+// in dispatch_args.cc).
 //
 // The stock dispatch (`_jax.pjit`, a `PjitFunction`) flattens its arguments
 // with the stock registry, which cannot express sharing. A `JitFunction`
@@ -18,7 +19,6 @@
 // type from Python, as stock sets them on `PjitFunction`.
 
 #include <Python.h>
-#include <structmember.h>
 
 #include <cstddef>
 #include <exception>
@@ -33,57 +33,6 @@
 namespace jaxlib_patch {
 
 namespace {
-
-struct JitFunctionObject {
-  PyObject_HEAD vectorcallfunc vectorcall;
-  PyObject* dict;      // Owned; the instance __dict__ (functools.wraps).
-  PyObject* weakrefs;  // Managed by CPython.
-  // The user's function; what builds the stock dispatch (a PjitFunction that
-  // takes a DispatchArgs); the tracing registry. Null only while being built
-  // or after tp_clear.
-  nb::object fun;
-  nb::object make_dispatch;
-  nb::object registry;
-  // The C++ object of `registry`, looked up once: nb::inst_ptr is an
-  // out-of-line call, and DynamicArgsArePositionalLeaves reads it on every
-  // call that the memoized leaf type does not settle.
-  const PyTreeRegistry* registry_instance = nullptr;
-  // The stock dispatch, built by `make_dispatch` when first needed: a
-  // function called only on leaves never needs it, and `jax.jit(f)(x)`
-  // written inline builds a jitted function per call. Null until then.
-  nb::object dispatch;
-  // A second stock dispatch, with the user's own static arguments, for the
-  // calls whose dynamic arguments are all positional leaves: nothing in them
-  // can be shared, so they skip our flatten and the DispatchArgs and reach
-  // stock's own fast path as they are. Null if there is none.
-  nb::object leaf_dispatch;
-  // Its vectorcall function, read once: the calls on arrays jump straight to
-  // it, with none of PyObject_Vectorcall's lookup and result check (CPython
-  // checks what this function returns). Null where IsMemoizedLeafCall cannot
-  // decide a call (no leaf dispatch, no vectorcall in it, static argnums, or
-  // after tp_clear); then `vectorcall` is CallThroughFrontDoor, which never
-  // reads it.
-  vectorcallfunc leaf_vectorcall = nullptr;
-  // As given to jax.jit (a negative index counts from the end of a call's
-  // positional arguments); the names as a tuple of str.
-  std::vector<Py_ssize_t> static_argnums;
-  nb::object static_argnames;
-  // The treedef (a PyTreeDef object) of the last call's dynamic arguments.
-  // A call whose treedef equals it passes this very object to the dispatch,
-  // whose cache then finds its key by identity instead of calling
-  // PyTreeDef.__eq__, and no new treedef object is made. Null before the
-  // first call.
-  nb::object last_treedef;
-  // The type of the last dynamic argument found to be a leaf, and the
-  // registration epoch then (PyTreeRegistry::registration_epoch): while it
-  // stands, no type has become a node, so a call on arguments of this type
-  // (the common one: jax Arrays) skips the registry lookup. Held, so that no
-  // other type can take its address. Null before the first such call.
-  nb::object leaf_type;
-  size_t leaf_type_epoch = 0;
-};
-
-PyTypeObject* jit_function_type = nullptr;
 
 // Whether keyword `name` is one of `static_argnames` (a tuple of str).
 bool IsStaticName(PyObject* static_argnames, PyObject* name) {
@@ -110,62 +59,6 @@ bool IsStaticPosition(const std::vector<Py_ssize_t>& static_argnums,
     if ((index < 0 ? index + nargs : index) == i) return true;
   }
   return false;
-}
-
-// For each positional argument of a call with `num_args` of them, whether it
-// is static: tracing marks the arguments that calls split off.
-nb::tuple PositionalStatics(Py_ssize_t num_args,
-                            const std::vector<Py_ssize_t>& static_argnums) {
-  nb::list statics;
-  for (Py_ssize_t i = 0; i < num_args; ++i) {
-    statics.append(nb::bool_(IsStaticPosition(static_argnums, i, num_args)));
-  }
-  return nb::tuple(statics);
-}
-
-// `static_argnames` as the tuple IsStaticName searches, interned so that the
-// call's keyword names (interned by CPython) mostly match by identity.
-nb::tuple StaticArgnamesTuple(std::vector<nb::str> static_argnames) {
-  nb::tuple names = nb::steal<nb::tuple>(PyTuple_New(static_argnames.size()));
-  if (!names.is_valid()) throw nb::python_error();
-  for (size_t k = 0; k < static_argnames.size(); ++k) {
-    PyObject* name = static_argnames[k].release().ptr();
-    PyUnicode_InternInPlace(&name);
-    PyTuple_SET_ITEM(names.ptr(), k, name);
-  }
-  return names;
-}
-
-// A call's arguments split as a JitFunction call splits them: (dynamic args,
-// dynamic kwargs, static args, static kwargs), each in the call's order, the
-// static ones as the dispatch gets them after the DispatchArgs.
-nb::tuple SplitStaticArgs(nb::tuple args, nb::dict kwargs,
-                          std::vector<Py_ssize_t> static_argnums,
-                          std::vector<nb::str> static_argnames) {
-  nb::tuple names = StaticArgnamesTuple(std::move(static_argnames));
-  const Py_ssize_t nargs = static_cast<Py_ssize_t>(args.size());
-  nb::list dynamic_args, static_args;
-  for (Py_ssize_t i = 0; i < nargs; ++i) {
-    (IsStaticPosition(static_argnums, i, nargs) ? static_args : dynamic_args)
-        .append(args[i]);
-  }
-  nb::dict dynamic_kwargs, static_kwargs;
-  for (auto [name, value] : kwargs) {
-    if (!PyUnicode_Check(name.ptr())) {
-      throw nb::type_error(
-          ("Keyword argument names must be str, got " + Repr(name) + ".")
-              .c_str());
-    }
-    (IsStaticName(names.ptr(), name.ptr()) ? static_kwargs
-                                           : dynamic_kwargs)[name] = value;
-  }
-  auto as_tuple = [](const nb::list& list) {
-    PyObject* tuple = PyList_AsTuple(list.ptr());
-    if (tuple == nullptr) throw nb::python_error();
-    return nb::steal<nb::tuple>(tuple);
-  };
-  return nb::make_tuple(as_tuple(dynamic_args), dynamic_kwargs,
-                        as_tuple(static_args), static_kwargs);
 }
 
 // Whether every dynamic argument of a call is positional and a leaf of the
@@ -197,16 +90,6 @@ bool DynamicArgsArePositionalLeaves(JitFunctionObject* self,
   return true;
 }
 
-JitFunctionObject* Self(PyObject* self) {
-  auto* o = reinterpret_cast<JitFunctionObject*>(self);
-  if (!o->make_dispatch.is_valid()) {
-    throw nb::value_error(
-        "This jitted function was cleared by the garbage "
-        "collector.");
-  }
-  return o;
-}
-
 // The static argnums of the dispatch that takes a DispatchArgs: a call
 // gives it the DispatchArgs first, then its static positional arguments in
 // their order, at most one per index in `static_argnums`.
@@ -214,17 +97,6 @@ nb::tuple DispatchStaticArgnums(const JitFunctionObject* self) {
   nb::list argnums;
   for (size_t k = 1; k <= self->static_argnums.size(); ++k) argnums.append(k);
   return nb::tuple(argnums);
-}
-
-// The stock dispatch that takes a DispatchArgs, built on first use.
-nb::object Dispatch(JitFunctionObject* self) {
-  if (self->dispatch.is_valid()) return self->dispatch;
-  // make_dispatch runs Python, which may hand the GIL to a thread that
-  // builds one too: the first one stored wins, the other is dropped unused.
-  nb::object built =
-      self->make_dispatch(DispatchStaticArgnums(self), self->static_argnames);
-  if (!self->dispatch.is_valid()) self->dispatch = std::move(built);
-  return self->dispatch;
 }
 
 nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
@@ -350,6 +222,85 @@ bool IsMemoizedLeafCall(const JitFunctionObject* self, PyObject* const* args,
   return true;
 }
 
+}  // namespace
+
+// For each positional argument of a call with `num_args` of them, whether it
+// is static: tracing marks the arguments that calls split off.
+nb::tuple PositionalStatics(Py_ssize_t num_args,
+                            const std::vector<Py_ssize_t>& static_argnums) {
+  nb::list statics;
+  for (Py_ssize_t i = 0; i < num_args; ++i) {
+    statics.append(nb::bool_(IsStaticPosition(static_argnums, i, num_args)));
+  }
+  return nb::tuple(statics);
+}
+
+// `static_argnames` as the tuple IsStaticName searches, interned so that the
+// call's keyword names (interned by CPython) mostly match by identity.
+nb::tuple StaticArgnamesTuple(std::vector<nb::str> static_argnames) {
+  nb::tuple names = nb::steal<nb::tuple>(PyTuple_New(static_argnames.size()));
+  if (!names.is_valid()) throw nb::python_error();
+  for (size_t k = 0; k < static_argnames.size(); ++k) {
+    PyObject* name = static_argnames[k].release().ptr();
+    PyUnicode_InternInPlace(&name);
+    PyTuple_SET_ITEM(names.ptr(), k, name);
+  }
+  return names;
+}
+
+// A call's arguments split as a JitFunction call splits them: (dynamic args,
+// dynamic kwargs, static args, static kwargs), each in the call's order, the
+// static ones as the dispatch gets them after the DispatchArgs.
+nb::tuple SplitStaticArgs(nb::tuple args, nb::dict kwargs,
+                          std::vector<Py_ssize_t> static_argnums,
+                          std::vector<nb::str> static_argnames) {
+  nb::tuple names = StaticArgnamesTuple(std::move(static_argnames));
+  const Py_ssize_t nargs = static_cast<Py_ssize_t>(args.size());
+  nb::list dynamic_args, static_args;
+  for (Py_ssize_t i = 0; i < nargs; ++i) {
+    (IsStaticPosition(static_argnums, i, nargs) ? static_args : dynamic_args)
+        .append(args[i]);
+  }
+  nb::dict dynamic_kwargs, static_kwargs;
+  for (auto [name, value] : kwargs) {
+    if (!PyUnicode_Check(name.ptr())) {
+      throw nb::type_error(
+          ("Keyword argument names must be str, got " + Repr(name) + ".")
+              .c_str());
+    }
+    (IsStaticName(names.ptr(), name.ptr()) ? static_kwargs
+                                           : dynamic_kwargs)[name] = value;
+  }
+  auto as_tuple = [](const nb::list& list) {
+    PyObject* tuple = PyList_AsTuple(list.ptr());
+    if (tuple == nullptr) throw nb::python_error();
+    return nb::steal<nb::tuple>(tuple);
+  };
+  return nb::make_tuple(as_tuple(dynamic_args), dynamic_kwargs,
+                        as_tuple(static_args), static_kwargs);
+}
+
+JitFunctionObject* Self(PyObject* self) {
+  auto* o = reinterpret_cast<JitFunctionObject*>(self);
+  if (!o->make_dispatch.is_valid()) {
+    throw nb::value_error(
+        "This jitted function was cleared by the garbage "
+        "collector.");
+  }
+  return o;
+}
+
+// The stock dispatch that takes a DispatchArgs, built on first use.
+nb::object Dispatch(JitFunctionObject* self) {
+  if (self->dispatch.is_valid()) return self->dispatch;
+  // make_dispatch runs Python, which may hand the GIL to a thread that
+  // builds one too: the first one stored wins, the other is dropped unused.
+  nb::object built =
+      self->make_dispatch(DispatchStaticArgnums(self), self->static_argnames);
+  if (!self->dispatch.is_valid()) self->dispatch = std::move(built);
+  return self->dispatch;
+}
+
 // Every call IsMemoizedLeafCall does not take, and the vectorcall slot itself
 // of objects without a leaf vectorcall. Kept out of line, so that the
 // memoized call pays none of its frame.
@@ -385,264 +336,6 @@ PyObject* JitFunctionVectorcall(PyObject* callable, PyObject* const* args,
                                  kwnames);
   }
   return CallThroughFrontDoor(callable, args, nargsf, kwnames);
-}
-
-void JitFunctionDealloc(PyObject* self) {
-  PyTypeObject* type = Py_TYPE(self);
-  PyObject_GC_UnTrack(self);
-  auto* o = reinterpret_cast<JitFunctionObject*>(self);
-  if (o->weakrefs != nullptr) PyObject_ClearWeakRefs(self);
-  Py_CLEAR(o->dict);
-  o->fun.~object();
-  o->make_dispatch.~object();
-  o->dispatch.~object();
-  o->registry.~object();
-  o->leaf_dispatch.~object();
-  o->static_argnums.~vector();
-  o->static_argnames.~object();
-  o->last_treedef.~object();
-  o->leaf_type.~object();
-  type->tp_free(self);
-  Py_DECREF(type);
-}
-
-// The GC slots never throw and never call into Python (the rule of gc.cc):
-// the collector runs them at any allocation. `jax.jit(obj.method)` stored on
-// `obj` is a cycle through `fun` and the dispatches.
-int JitFunctionTraverse(PyObject* self, visitproc visit, void* arg) {
-  auto* o = reinterpret_cast<JitFunctionObject*>(self);
-  Py_VISIT(Py_TYPE(self));
-  Py_VISIT(o->dict);
-  Py_VISIT(o->fun.ptr());
-  Py_VISIT(o->make_dispatch.ptr());
-  Py_VISIT(o->dispatch.ptr());
-  Py_VISIT(o->registry.ptr());
-  Py_VISIT(o->leaf_dispatch.ptr());
-  Py_VISIT(o->static_argnames.ptr());
-  Py_VISIT(o->last_treedef.ptr());
-  Py_VISIT(o->leaf_type.ptr());
-  return 0;
-}
-
-int JitFunctionClear(PyObject* self) {
-  auto* o = reinterpret_cast<JitFunctionObject*>(self);
-  // Dropping a reference can run code (a finalizer, a weak reference's
-  // callback) that calls this object, so it is cleared before anything is
-  // dropped: calls take the out-of-line path, which finds no leaf dispatch
-  // and no make_dispatch and raises. The references move out, then drop.
-  o->vectorcall = CallThroughFrontDoor;
-  o->leaf_vectorcall = nullptr;
-  nb::object fun = std::move(o->fun);
-  nb::object make_dispatch = std::move(o->make_dispatch);
-  nb::object dispatch = std::move(o->dispatch);
-  nb::object registry = std::move(o->registry);
-  nb::object leaf_dispatch = std::move(o->leaf_dispatch);
-  nb::object static_argnames = std::move(o->static_argnames);
-  nb::object last_treedef = std::move(o->last_treedef);
-  nb::object leaf_type = std::move(o->leaf_type);
-  Py_CLEAR(o->dict);
-  return 0;
-}
-
-// As stock: the repr of `__wrapped__`, and a bare one if that fails.
-PyObject* JitFunctionRepr(PyObject* self) {
-  PyObject* wrapped = PyObject_GetAttrString(self, "__wrapped__");
-  PyObject* text = nullptr;
-  if (wrapped != nullptr) {
-    text = PyUnicode_FromFormat("<PjitFunction of %R>", wrapped);
-    Py_DECREF(wrapped);
-  }
-  if (text == nullptr) {
-    PyErr_Clear();
-    text = PyUnicode_FromString("<PjitFunction>");
-  }
-  return text;
-}
-
-// Methods bind like functions': `obj.method` is a bound method of it.
-PyObject* JitFunctionDescrGet(PyObject* self, PyObject* obj, PyObject*) {
-  if (obj == nullptr || obj == Py_None) return Py_NewRef(self);
-  return PyMethod_New(self, obj);
-}
-
-template <typename F>
-PyObject* Guarded(F&& f) {
-  try {
-    return f().release().ptr();
-  } catch (...) {
-    SetPythonErrorFromException();
-    return nullptr;
-  }
-}
-
-PyObject* JitFunctionSignature(PyObject* self, void*) {
-  return Guarded([&] {
-    return nb::module_::import_("inspect").attr("signature")(Self(self)->fun);
-  });
-}
-
-// The dispatches built so far.
-std::vector<nb::object> BuiltDispatches(JitFunctionObject* self) {
-  std::vector<nb::object> built;
-  for (const nb::object& dispatch : {self->leaf_dispatch, self->dispatch}) {
-    if (dispatch.is_valid()) built.push_back(dispatch);
-  }
-  return built;
-}
-
-// The entries of the dispatches' caches.
-PyObject* JitFunctionCacheSize(PyObject* self, PyObject*) {
-  return Guarded([&] {
-    Py_ssize_t size = 0;
-    for (const nb::object& dispatch : BuiltDispatches(Self(self))) {
-      size += nb::cast<Py_ssize_t>(dispatch.attr("_cache_size")());
-    }
-    return nb::int_(size);
-  });
-}
-
-PyObject* JitFunctionClearCache(PyObject* self, PyObject*) {
-  return Guarded([&] {
-    for (const nb::object& dispatch : BuiltDispatches(Self(self))) {
-      dispatch.attr("_clear_cache")();
-    }
-    return nb::none();
-  });
-}
-
-// The stock dispatch's state, with the user's function and static argument
-// indices and names in place of the dispatch's own.
-PyObject* JitFunctionGetState(PyObject* self, PyObject*) {
-  return Guarded([&] {
-    JitFunctionObject* o = Self(self);
-    nb::object state = Dispatch(o).attr("__getstate__")();
-    state["fun"] = o->fun;
-    state["static_argnums"] = nb::cast(o->static_argnums);
-    state["static_argnames"] = o->static_argnames;
-    return state;
-  });
-}
-
-PyMethodDef jit_function_methods[] = {
-    {"_cache_size", JitFunctionCacheSize, METH_NOARGS,
-     "The number of entries of the C++ dispatch's cache."},
-    {"_clear_cache", JitFunctionClearCache, METH_NOARGS,
-     "Clears the C++ dispatch's cache."},
-    {"__getstate__", JitFunctionGetState, METH_NOARGS, nullptr},
-    {nullptr, nullptr, 0, nullptr}};
-
-PyGetSetDef jit_function_getset[] = {
-    {"__signature__", JitFunctionSignature, nullptr, nullptr, nullptr},
-    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, nullptr,
-     nullptr},
-    {nullptr, nullptr, nullptr, nullptr, nullptr}};
-
-PyMemberDef jit_function_members[] = {
-    {"__vectorcalloffset__", T_PYSSIZET,
-     static_cast<Py_ssize_t>(offsetof(JitFunctionObject, vectorcall)), READONLY,
-     nullptr},
-    {"__dictoffset__", T_PYSSIZET,
-     static_cast<Py_ssize_t>(offsetof(JitFunctionObject, dict)), READONLY,
-     nullptr},
-    {"__weaklistoffset__", T_PYSSIZET,
-     static_cast<Py_ssize_t>(offsetof(JitFunctionObject, weakrefs)), READONLY,
-     nullptr},
-    {nullptr, 0, 0, 0, nullptr}};
-
-PyType_Slot jit_function_slots[] = {
-    {Py_tp_doc,
-     const_cast<char*>("What jax.jit returns: flattens the dynamic arguments "
-                       "once with the tracing registry and calls the stock C++ "
-                       "dispatch with them.")},
-    {Py_tp_dealloc, reinterpret_cast<void*>(JitFunctionDealloc)},
-    {Py_tp_traverse, reinterpret_cast<void*>(JitFunctionTraverse)},
-    {Py_tp_clear, reinterpret_cast<void*>(JitFunctionClear)},
-    {Py_tp_call, reinterpret_cast<void*>(PyVectorcall_Call)},
-    {Py_tp_repr, reinterpret_cast<void*>(JitFunctionRepr)},
-    {Py_tp_descr_get, reinterpret_cast<void*>(JitFunctionDescrGet)},
-    {Py_tp_methods, jit_function_methods},
-    {Py_tp_getset, jit_function_getset},
-    {Py_tp_members, jit_function_members},
-    {0, nullptr}};
-
-// Named PjitFunction like stock's, so that messages that name the type read
-// the same; the module tells them apart.
-PyType_Spec jit_function_spec = {
-    "jaxlib_patch.pytree.PjitFunction", sizeof(JitFunctionObject), 0,
-    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
-        Py_TPFLAGS_DISALLOW_INSTANTIATION,  // make_jit_function builds them
-    jit_function_slots};
-
-nb::object MakeJitFunction(nb::callable fun, nb::callable make_dispatch,
-                           nb::handle registry,
-                           std::vector<Py_ssize_t> static_argnums,
-                           std::vector<nb::str> static_argnames,
-                           std::optional<nb::callable> leaf_dispatch) {
-  if (!nb::isinstance<PyTreeRegistry>(registry)) {
-    throw nb::type_error(
-        ("Expected a PyTreeRegistry, got " + Repr(registry) + ".").c_str());
-  }
-  nb::tuple names = StaticArgnamesTuple(std::move(static_argnames));
-  PyObject* self = jit_function_type->tp_alloc(jit_function_type, 0);
-  if (self == nullptr) throw nb::python_error();
-  auto* o = reinterpret_cast<JitFunctionObject*>(self);
-  // tp_alloc zeroes the memory: the members are constructed over it.
-  new (&o->fun) nb::object(std::move(fun));
-  new (&o->make_dispatch) nb::object(std::move(make_dispatch));
-  new (&o->dispatch) nb::object();
-  new (&o->registry) nb::object(nb::borrow(registry));
-  o->registry_instance = nb::inst_ptr<PyTreeRegistry>(registry);
-  new (&o->leaf_dispatch)
-      nb::object(leaf_dispatch ? std::move(*leaf_dispatch) : nb::object());
-  new (&o->static_argnums) std::vector<Py_ssize_t>(std::move(static_argnums));
-  if (o->leaf_dispatch.is_valid() && o->static_argnums.empty()) {
-    o->leaf_vectorcall = PyVectorcall_Function(o->leaf_dispatch.ptr());
-  }
-  o->vectorcall =
-      o->leaf_vectorcall ? JitFunctionVectorcall : CallThroughFrontDoor;
-  new (&o->static_argnames) nb::object(std::move(names));
-  new (&o->last_treedef) nb::object();
-  new (&o->leaf_type) nb::object();
-  return nb::steal(self);
-}
-
-}  // namespace
-
-void BindJitFunction(nb::module_& m) {
-  BindDispatchArgs(m);
-  jit_function_type =
-      reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&jit_function_spec));
-  if (jit_function_type == nullptr) throw nb::python_error();
-  m.attr("PjitFunction") =
-      nb::borrow(reinterpret_cast<PyObject*>(jit_function_type));
-  m.def("make_jit_function", &MakeJitFunction, nb::arg("fun"),
-        nb::arg("make_dispatch"), nb::arg("registry"),
-        nb::arg("static_argnums"), nb::arg("static_argnames"),
-        nb::arg("leaf_dispatch").none() = nb::none(),
-        "The object jax.jit returns: calls of it flatten the dynamic "
-        "arguments once with `registry` and call the dispatch that "
-        "`make_dispatch(static_argnums, static_argnames)` returns when first "
-        "needed with one DispatchArgs followed by the static arguments: a "
-        "stock PjitFunction made with the static argnums and names given "
-        "(1, 2, ..., one per index of `static_argnums`, and "
-        "`static_argnames`). `static_argnums` as given to jax.jit; a "
-        "negative one counts from the end of a call's positional arguments. "
-        "A call whose dynamic arguments are all positional leaves of "
-        "`registry` goes to `leaf_dispatch` instead, if given, as it is: a "
-        "stock PjitFunction with `static_argnums` and `static_argnames` of "
-        "its own.");
-  m.def("split_static_args", &SplitStaticArgs, nb::arg("args"),
-        nb::arg("kwargs"), nb::arg("static_argnums"),
-        nb::arg("static_argnames"),
-        "(dynamic_args, dynamic_kwargs, static_args, static_kwargs): a "
-        "call's `args` (a tuple) and `kwargs` (a dict) split as a call of "
-        "a jitted function splits them (make_jit_function), so that "
-        "`lower` and `trace` see the arguments as calls do.");
-  m.def("positional_statics", &PositionalStatics, nb::arg("num_args"),
-        nb::arg("static_argnums"),
-        "A tuple of `num_args` bools: whether each positional argument of a "
-        "call with `num_args` of them is static, as a call of a jitted "
-        "function (make_jit_function) splits them.");
 }
 
 }  // namespace jaxlib_patch

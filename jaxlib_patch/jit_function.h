@@ -1,21 +1,103 @@
-// jax.jit's front door: the object `jax.jit` returns (jit_function.cc) and
-// the `DispatchArgs` it hands to the stock C++ dispatch (dispatch_args.cc).
+// jax.jit's front door: the object `jax.jit` returns (its calls in
+// jit_function.cc, its type in jit_function_type.cc) and the `DispatchArgs`
+// it hands to the stock C++ dispatch (dispatch_args.cc).
 // It is built on the pytree module, which knows nothing of it.
 
 #ifndef JAXLIB_PATCH_JIT_FUNCTION_H_
 #define JAXLIB_PATCH_JIT_FUNCTION_H_
 
+#include <Python.h>
 #include <nanobind/nanobind.h>
+
+#include <cstddef>
+#include <vector>
+
+#include "jaxlib_patch/pytree.h"
 
 namespace jaxlib_patch {
 
 namespace nb = nanobind;
 
-// Adds the front door to the module: the types PjitFunction and
-// DispatchArgs, make_jit_function, split_static_args and positional_statics.
+// Adds the front door to the module (jit_function_type.cc): the types
+// PjitFunction and DispatchArgs, make_jit_function, split_static_args and
+// positional_statics.
 void BindJitFunction(nb::module_& m);
 
-// --- dispatch_args.cc, for jit_function.cc
+// --- The PjitFunction object, for jit_function.cc (its calls) and
+// jit_function_type.cc (its type)
+struct JitFunctionObject {
+  PyObject_HEAD vectorcallfunc vectorcall;
+  PyObject* dict;      // Owned; the instance __dict__ (functools.wraps).
+  PyObject* weakrefs;  // Managed by CPython.
+  // The user's function; what builds the stock dispatch (a PjitFunction that
+  // takes a DispatchArgs); the tracing registry. Null only while being built
+  // or after tp_clear.
+  nb::object fun;
+  nb::object make_dispatch;
+  nb::object registry;
+  // The C++ object of `registry`, looked up once: nb::inst_ptr is an
+  // out-of-line call, and DynamicArgsArePositionalLeaves reads it on every
+  // call that the memoized leaf type does not settle.
+  const PyTreeRegistry* registry_instance = nullptr;
+  // The stock dispatch, built by `make_dispatch` when first needed: a
+  // function called only on leaves never needs it, and `jax.jit(f)(x)`
+  // written inline builds a jitted function per call. Null until then.
+  nb::object dispatch;
+  // A second stock dispatch, with the user's own static arguments, for the
+  // calls whose dynamic arguments are all positional leaves: nothing in them
+  // can be shared, so they skip our flatten and the DispatchArgs and reach
+  // stock's own fast path as they are. Null if there is none.
+  nb::object leaf_dispatch;
+  // Its vectorcall function, read once: the calls on arrays jump straight to
+  // it, with none of PyObject_Vectorcall's lookup and result check (CPython
+  // checks what this function returns). Null where IsMemoizedLeafCall cannot
+  // decide a call (no leaf dispatch, no vectorcall in it, static argnums, or
+  // after tp_clear); then `vectorcall` is CallThroughFrontDoor, which never
+  // reads it.
+  vectorcallfunc leaf_vectorcall = nullptr;
+  // As given to jax.jit (a negative index counts from the end of a call's
+  // positional arguments); the names as a tuple of str.
+  std::vector<Py_ssize_t> static_argnums;
+  nb::object static_argnames;
+  // The treedef (a PyTreeDef object) of the last call's dynamic arguments.
+  // A call whose treedef equals it passes this very object to the dispatch,
+  // whose cache then finds its key by identity instead of calling
+  // PyTreeDef.__eq__, and no new treedef object is made. Null before the
+  // first call.
+  nb::object last_treedef;
+  // The type of the last dynamic argument found to be a leaf, and the
+  // registration epoch then (PyTreeRegistry::registration_epoch): while it
+  // stands, no type has become a node, so a call on arguments of this type
+  // (the common one: jax Arrays) skips the registry lookup. Held, so that no
+  // other type can take its address. Null before the first such call.
+  nb::object leaf_type;
+  size_t leaf_type_epoch = 0;
+};
+
+// --- jit_function.cc, for jit_function_type.cc
+// The vectorcall slot of an object with a leaf vectorcall: the memoized calls
+// on leaves jump to it; the others go through the front door.
+PyObject* JitFunctionVectorcall(PyObject* callable, PyObject* const* args,
+                                size_t nargsf, PyObject* kwnames);
+// The vectorcall slot of the others, and every call the slot above does not
+// take.
+PyObject* CallThroughFrontDoor(PyObject* callable, PyObject* const* args,
+                               size_t nargsf, PyObject* kwnames);
+// `self` as a JitFunctionObject; throws if the collector cleared it.
+JitFunctionObject* Self(PyObject* self);
+// The stock dispatch that takes a DispatchArgs, built on first use.
+nb::object Dispatch(JitFunctionObject* self);
+// `static_argnames` as the tuple a JitFunctionObject keeps, interned.
+nb::tuple StaticArgnamesTuple(std::vector<nb::str> static_argnames);
+// A call's arguments split as a call splits them, and which positional ones
+// are static (split_static_args and positional_statics of the module).
+nb::tuple SplitStaticArgs(nb::tuple args, nb::dict kwargs,
+                          std::vector<Py_ssize_t> static_argnums,
+                          std::vector<nb::str> static_argnames);
+nb::tuple PositionalStatics(Py_ssize_t num_args,
+                            const std::vector<Py_ssize_t>& static_argnums);
+
+// --- dispatch_args.cc, for jit_function.cc and jit_function_type.cc
 // Adds the DispatchArgs type to the module.
 void BindDispatchArgs(nb::module_& m);
 // A new DispatchArgs: the leaves and treedef of one flatten of a call's

@@ -50,38 +50,9 @@ std::optional<bool> CompareTreeDefs(const PyTreeDef& self, nb::handle other) {
 // Borrowed from the module's `_default_registry`, which owns it.
 nb::handle default_registry_ref;
 
-}  // namespace
+// The module's parts, bound in this order by NB_MODULE below.
 
-nb::object WrapTreeDef(PyTreeDef&& treedef) {
-  // Every flatten makes one of these: the type is looked up once, not by
-  // typeid on each call as nb::cast does, and the treedef is moved straight
-  // into the new instance.
-  static const nb::handle type = nb::type<PyTreeDef>();
-  nb::object self = nb::inst_alloc(type);
-  new (nb::inst_ptr<PyTreeDef>(self)) PyTreeDef(std::move(treedef));
-  nb::inst_mark_ready(self);
-  return self;
-}
-
-NB_MODULE(pytree, m) {
-  m.doc() = "Python tree library";
-  // Registries and treedefs held by module globals are legitimately alive
-  // when nanobind checks for leaks at exit; the tests check refcounts instead.
-  nb::set_leak_warnings(false);
-  m.attr("version") = 3;
-
-  m.attr("_T") = nb::type_var("_T");
-  m.attr("_AuxData") = nb::type_var("_AuxData");
-  m.attr("_Children") = nb::type_var("_Children");
-  m.attr("_KeyLeafPair") = nb::type_var("_KeyLeafPair");
-  m.attr("_KeyLeafPairs") = nb::type_var("_KeyLeafPairs");
-  m.attr("_KeyPath") = nb::type_var("_KeyPath");
-
-  BindInternalError(m);
-  BindKeys(m);
-  BindSharedPrefixError(m);
-  BindJitFunction(m);
-
+void BindSharedReference(nb::module_& m) {
   nb::class_<SharedReference>(
       m, "SharedReference",
       "The data that `PyTreeDef.node_data()` gives for a treedef whose root "
@@ -103,7 +74,9 @@ NB_MODULE(pytree, m) {
         return "SharedReference(distance=" + std::to_string(self.distance) +
                ")";
       });
+}
 
+void BindRegistry(nb::module_& m) {
   nb::class_<PyTreeRegistry>(m, "PyTreeRegistry", nb::dynamic_attr(),
                              nb::type_slots(registry_gc_slots))
       .def(nb::init<bool, bool, bool, bool, bool, bool>(),
@@ -191,10 +164,13 @@ NB_MODULE(pytree, m) {
       .def(
           "__reduce__", [](nb::handle self) { return self.attr("__name__"); },
           nb::sig("def __reduce__(self) -> str"));
+}
 
-  nb::class_<PyTreeDef>(m, "PyTreeDef", nb::type_slots(treedef_gc_slots))
-      .def("unflatten", &PyTreeDef::Unflatten,
-           nb::sig("def unflatten(self, arg: Iterable[Any], /) -> Any"))
+// PyTreeDef's tree operations: unflatten, matching, composing, walking,
+// taking apart and putting together, broadcasting a prefix, sizes.
+void DefTreeOperations(nb::class_<PyTreeDef>& cls) {
+  cls.def("unflatten", &PyTreeDef::Unflatten,
+          nb::sig("def unflatten(self, arg: Iterable[Any], /) -> Any"))
       .def("flatten_up_to", &PyTreeDef::FlattenUpTo, nb::arg("tree").none())
       .def("compose", &PyTreeDef::Compose,
            nb::sig("def compose(self, arg: jaxlib_patch.pytree.PyTreeDef, /) "
@@ -229,11 +205,15 @@ NB_MODULE(pytree, m) {
                    "PyTreeDef, prefix_leaves: typing.Iterable[Any]) -> "
                    "list[Any]"))
       .def_prop_ro("num_leaves", &PyTreeDef::num_leaves)
-      .def_prop_ro("num_nodes", &PyTreeDef::num_nodes)
-      .def_prop_ro("has_shared_nodes", &PyTreeDef::HasSharedNodes,
-                   "Whether some node is the target of a reference in this "
-                   "treedef (a node with relative identities that the "
-                   "flattened tree held more than once).")
+      .def_prop_ro("num_nodes", &PyTreeDef::num_nodes);
+}
+
+// PyTreeDef's sharing queries (docs/api.md, "Sharing queries").
+void DefSharingQueries(nb::class_<PyTreeDef>& cls) {
+  cls.def_prop_ro("has_shared_nodes", &PyTreeDef::HasSharedNodes,
+                  "Whether some node is the target of a reference in this "
+                  "treedef (a node with relative identities that the "
+                  "flattened tree held more than once).")
       .def_prop_ro("has_external_references", &PyTreeDef::HasExternalReferences,
                    "Whether some reference's target lies outside this "
                    "treedef (a child cut out of a larger one); such a "
@@ -287,8 +267,12 @@ NB_MODULE(pytree, m) {
            "this treedef and in `other` (None: a node of its own). None if "
            "both share alike.",
            nb::sig("def sharing_difference(self, other: PyTreeDef) -> "
-                   "tuple[tuple, type, tuple | None, tuple | None] | None"))
-      .def("__repr__", &PyTreeDef::ToString)
+                   "tuple[tuple, type, tuple | None, tuple | None] | None"));
+}
+
+// PyTreeDef's repr, comparison, hash, proto and pickled state.
+void DefComparisonAndState(nb::class_<PyTreeDef>& cls) {
+  cls.def("__repr__", &PyTreeDef::ToString)
       .def("__eq__",
            [](const PyTreeDef& self, nb::handle other) {
              return CompareTreeDefs(self, other).value_or(false);
@@ -314,7 +298,16 @@ NB_MODULE(pytree, m) {
         restored.SetState(state);
         new (&self) PyTreeDef(std::move(restored));
       });
+}
 
+void BindTreeDef(nb::module_& m) {
+  nb::class_<PyTreeDef> cls(m, "PyTreeDef", nb::type_slots(treedef_gc_slots));
+  DefTreeOperations(cls);
+  DefSharingQueries(cls);
+  DefComparisonAndState(cls);
+}
+
+void BindModuleFunctions(nb::module_& m) {
   m.attr("_default_registry") = m.attr("PyTreeRegistry")();
   default_registry_ref = m.attr("_default_registry");
   m.def(
@@ -324,9 +317,63 @@ NB_MODULE(pytree, m) {
   m.def("treedef_tuple", &PyTreeDef::Tuple, nb::arg("registry"), nb::arg(),
         nb::sig("def treedef_tuple(registry: PyTreeRegistry, arg0: "
                 "Sequence[PyTreeDef], /) -> PyTreeDef"));
+  m.def(
+      "enter_stock_layout", [] { ++PyTreeRegistry::stock_layout_depth; },
+      "Until the matching exit_stock_layout, every flatten on this thread "
+      "lays trees out as stock does, whatever its registry, and "
+      "flatten_up_to takes a shared tree as stock does. Sections nest.");
+  m.def(
+      "exit_stock_layout",
+      [] {
+        if (PyTreeRegistry::stock_layout_depth == 0) {
+          throw nb::value_error(
+              "exit_stock_layout without a matching enter_stock_layout on "
+              "this thread");
+        }
+        --PyTreeRegistry::stock_layout_depth;
+      },
+      "Ends the innermost stock-layout section of this thread.");
   m.def("all_leaves", &AllLeaves,
         nb::sig("def all_leaves(arg0: jaxlib_patch.pytree.PyTreeRegistry, "
                 "arg1: collections.abc.Iterable, /) -> bool"));
+}
+
+}  // namespace
+
+nb::object WrapTreeDef(PyTreeDef&& treedef) {
+  // Every flatten makes one of these: the type is looked up once, not by
+  // typeid on each call as nb::cast does, and the treedef is moved straight
+  // into the new instance.
+  static const nb::handle type = nb::type<PyTreeDef>();
+  nb::object self = nb::inst_alloc(type);
+  new (nb::inst_ptr<PyTreeDef>(self)) PyTreeDef(std::move(treedef));
+  nb::inst_mark_ready(self);
+  return self;
+}
+
+NB_MODULE(pytree, m) {
+  m.doc() = "Python tree library";
+  // Registries and treedefs held by module globals are legitimately alive
+  // when nanobind checks for leaks at exit; the tests check refcounts instead.
+  nb::set_leak_warnings(false);
+  m.attr("version") = 3;
+
+  m.attr("_T") = nb::type_var("_T");
+  m.attr("_AuxData") = nb::type_var("_AuxData");
+  m.attr("_Children") = nb::type_var("_Children");
+  m.attr("_KeyLeafPair") = nb::type_var("_KeyLeafPair");
+  m.attr("_KeyLeafPairs") = nb::type_var("_KeyLeafPairs");
+  m.attr("_KeyPath") = nb::type_var("_KeyPath");
+
+  BindInternalError(m);
+  BindKeys(m);
+  BindSharedPrefixError(m);
+  BindJitFunction(m);
+
+  BindSharedReference(m);
+  BindRegistry(m);
+  BindTreeDef(m);
+  BindModuleFunctions(m);
 }
 
 }  // namespace jaxlib_patch

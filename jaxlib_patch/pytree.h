@@ -121,6 +121,16 @@ class PyTreeRegistry {
   // shared node out at each of its positions, as stock jaxlib does, and its
   // treedefs' flatten_up_to takes a tree that shares as stock takes it.
   bool keeps_relative_identities() const { return keeps_relative_identities_; }
+  // Whether a flatten with this registry keeps relative identities now, on
+  // this thread: as the registry says, but never inside a stock-layout
+  // section (a custom derivative rule runs as on stock, so that the trees
+  // it builds from the copies it is given never tie them again).
+  bool keeps_relative_identities_now() const {
+    return keeps_relative_identities_ && stock_layout_depth == 0;
+  }
+  // How many stock-layout sections this thread is in (module.cc's
+  // enter_stock_layout and exit_stock_layout).
+  static inline thread_local int stock_layout_depth = 0;
 
   // Registrations are never removed, and each one, in any registry, moves
   // this process-wide count: while it stands, no type has changed how it

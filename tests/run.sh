@@ -7,7 +7,8 @@
 #      jaxlib 0.10.2 for the differential tests, hypothesis, pytest, optree);
 #   2. per Python, the module built with setuptools (`pip install .`, warnings
 #      as errors), then the module's tests (the fuzz campaign and the
-#      hypothesis search of test_sharing_invariants.py on the first only);
+#      hypothesis search of test_sharing_invariants.py and
+#      test_sharing_query_invariants.py on the first only);
 #   3. on the first Python only (the heavy jobs): the module built with bazel
 #      (Debian's bazel-bootstrap, warnings as errors) and the same tests
 #      against that build, then the module built with AddressSanitizer and
@@ -20,12 +21,25 @@
 #      the JAX-level tests (tests/jax) and the demo against them.
 # The first Python's venvs are $JAXLIB_PATCH_VENV and $JAXLIB_PATCH_JAX_VENV
 # if set (default .venv-test, .venv-jax); the others' get a -3.X suffix.
-# Usage: bash tests/run.sh [pytest args...]
+#
+# --quick, the inner loop (a few minutes): the first Python only, its venvs
+# as they are (made as above only where missing); the module built with
+# setuptools (`setup.py build_ext --force`, warnings as errors) into
+# build/quick_module; the module's tests against it but the fuzz campaign
+# and the sharing invariants' hypothesis search; then the JAX-level tests but
+# check_gpu_test.py against the custom wheels of dist/ (built by
+# build/build.py first if there are none for that Python), with the module
+# just built in front of the wheel's. No formatting check, bazel,
+# sanitizers, other Pythons or demo.
+# Usage: bash tests/run.sh [--quick] [pytest args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 python=${PYTHON:-python3}
 pythons=(3.11 3.12 3.13)
+quick=0
+if [ "${1:-}" = --quick ]; then quick=1; shift; fi
+dist=$root/dist
 
 step() { printf '\n=== %s\n' "$*"; }
 
@@ -72,7 +86,90 @@ run_suite() {
       --ignore="$root/tests/jax" "$@")
 }
 
+# The two longest jobs, the fuzz campaign and the hypothesis search for
+# broken sharing invariants (together half the suite's time).
+heavy=(--ignore="$root/tests/test_fuzz_short.py"
+       --ignore="$root/tests/test_sharing_invariants.py"
+       --ignore="$root/tests/test_sharing_query_invariants.py")
+
+# newest_wheels VERSION: the newest custom jax and jaxlib wheels of dist/
+# for Python VERSION, one a line.
+newest_wheels() {
+  ls -t "$dist"/jax-*+*-py3-none-any.whl | head -n 1
+  ls -t "$dist"/jaxlib-*+*-cp${1/./}-*.whl | head -n 1
+}
+
+# install_wheels VERSION JAX_VENV: newest_wheels into JAX_VENV, with the
+# JAX-level tests' requirements; JAX_VENV/custom-wheels then names them (with
+# their sizes and times), so that --quick can tell whether they are current.
+install_wheels() {
+  local jax_venv=$2 wheels
+  mapfile -t wheels < <(newest_wheels "$1")
+  [ -x "$jax_venv/bin/python" ] || "${interpreter[$1]}" -m venv "$jax_venv"
+  "$jax_venv/bin/python" -m pip install -q --upgrade pip
+  "$jax_venv/bin/python" -m pip install -q --force-reinstall --no-deps "${wheels[@]}"
+  # The wheels again beside the requirements: pip must choose equinox and
+  # flax versions that keep them (the newest flax would pull a newer jax).
+  "$jax_venv/bin/python" -m pip install -q "${wheels[@]}" -r tests/jax/requirements.txt
+  ls -l "${wheels[@]}" > "$jax_venv/custom-wheels"
+}
+
+# run_jax_suite VERSION JAX_VENV [pytest args...]: the JAX-level tests.
+# Stock jax's reference numbers (peer libraries) and the install-time pin
+# checks use the module tests' venv of the same Python, which holds stock
+# jax and jaxlib.
+run_jax_suite() {
+  local version=$1 jax_venv=$2; shift 2
+  (cd "$root/tests" && JAXLIB_PATCH_DIST="$dist" \
+      JAXLIB_PATCH_STOCK_PYTHON="$(venv_of "$version" "$module_venv")/bin/python" \
+      "$jax_venv/bin/python" -P -m pytest -p no:cacheprovider \
+      --rootdir="$root" -c "$root/pyproject.toml" "$root/tests/jax" "$@")
+}
+
 module_venv=${JAXLIB_PATCH_VENV:-$root/.venv-test}
+jax_venv_default=${JAXLIB_PATCH_JAX_VENV:-$root/.venv-jax}
+
+if [ "$quick" = 1 ]; then
+  started=$SECONDS
+  step "quick: Python $first, virtual environments $module_venv and $jax_venv_default"
+  [ -x "$module_venv/bin/python" ] ||
+    make_venv "$first" "$module_venv" tests/requirements.txt
+  step "quick: setuptools build into build/quick_module"
+  quick_module=$root/build/quick_module
+  rm -rf "$quick_module"
+  # --force: setuptools does not track headers, so an old build must not
+  # stand for the sources.
+  "$module_venv/bin/python" setup.py -q build_ext --force -j "$(nproc)" \
+    --build-lib "$quick_module" --build-temp "$root/build/quick_temp"
+  cp jaxlib_patch/__init__.py "$quick_module/jaxlib_patch/"
+  PYTHONPATH="$quick_module" JAXLIB_PATCH_EXPECT="$quick_module" \
+    run_suite "setuptools (quick, Python $first)" "$module_venv" \
+    "${heavy[@]}" "$@"
+  if ! ls "$dist"/jaxlib-*+*-cp${first/./}-*.whl >/dev/null 2>&1; then
+    step "quick: no custom wheels for Python $first in dist/: build/build.py"
+    "$module_venv/bin/python" -m pip install -q -r build/requirements.txt
+    "$module_venv/bin/python" build/build.py --no-selfcheck --dist "$dist" \
+      --python "$first"
+  fi
+  mapfile -t wheels < <(newest_wheels "$first")
+  if [ -n "$(find jax_patch -newer "${wheels[0]}" -print -quit)" ]; then
+    echo "note: jax_patch/ has changed since $(basename "${wheels[0]}"):" \
+      "run build/build.py to test the changed series"
+  fi
+  if [ "$(ls -l "${wheels[@]}")" != \
+       "$(cat "$jax_venv_default/custom-wheels" 2>/dev/null)" ]; then
+    step "quick: the wheels of dist/ into $jax_venv_default"
+    install_wheels "$first" "$jax_venv_default"
+  fi
+  step "quick: JAX-level tests, the wheels of dist/ with build/quick_module"
+  # But the rehearsal of the GPU check (build/check_gpu.py on CPU), a
+  # quarter of the JAX-level tests' time, which the whole suite runs.
+  PYTHONPATH="$quick_module" run_jax_suite "$first" "$jax_venv_default" \
+    --ignore="$root/tests/jax/check_gpu_test.py" "$@"
+  step "quick: done in $((SECONDS - started)) s"
+  exit 0
+fi
+
 step "formatting (tests/format.sh --check)"
 format_venv=$root/build/format_venv
 [ -x "$format_venv/bin/python" ] || "${interpreter[$first]}" -m venv "$format_venv"
@@ -84,17 +181,15 @@ for version in "${found[@]}"; do
   make_venv "$version" "$venv" tests/requirements.txt
   step "Python $version: setuptools build (pip install .)"
   "$venv/bin/python" -m pip install -q --force-reinstall --no-deps .
-  heavy=()
+  # The heavy jobs run on the first Python only; the differential tests
+  # against stock run on all.
+  skipped=()
   if [ "$version" != "$first" ]; then
-    # The two longest jobs, the fuzz campaign and the hypothesis search for
-    # broken sharing invariants (together half the suite's time), run on the
-    # first Python only; the differential tests against stock run on all.
-    heavy=(--ignore="$root/tests/test_fuzz_short.py"
-           --ignore="$root/tests/test_sharing_invariants.py")
-    echo "Python $version: test_fuzz_short.py and test_sharing_invariants.py run on Python $first only"
+    skipped=("${heavy[@]}")
+    echo "Python $version: test_fuzz_short.py and the sharing invariants' hypothesis search run on Python $first only"
   fi
   JAXLIB_PATCH_EXPECT=site-packages \
-    run_suite "setuptools (Python $version)" "$venv" "${heavy[@]}" "$@"
+    run_suite "setuptools (Python $version)" "$venv" "${skipped[@]}" "$@"
 done
 
 first_venv=$(venv_of "$first" "$module_venv")
@@ -117,7 +212,6 @@ PYTHON="$first_venv/bin/python" bash tests/sanitize.sh "$@"
 step "custom wheels for Python ${found[*]} (build/build.py)"
 # zig and auditwheel build and check the release module (build/README.md).
 "$first_venv/bin/python" -m pip install -q -r build/requirements.txt
-dist=$root/dist
 "$first_venv/bin/python" build/build.py --no-selfcheck --dist "$dist" \
   --python "$(IFS=,; echo "${found[*]}")"
 
@@ -135,25 +229,17 @@ PY
 PYTHONPATH="$wheel_module" JAXLIB_PATCH_EXPECT="$wheel_module" \
   run_suite "wheel's (zig, Python $first)" "$first_venv" "$@"
 
-jax_venv_default=${JAXLIB_PATCH_JAX_VENV:-$root/.venv-jax}
 for version in "${found[@]}"; do
   jax_venv=$(venv_of "$version" "$jax_venv_default")
-  tag=cp${version/./}
   step "Python $version: the custom wheels in $jax_venv, then the JAX-level tests"
-  [ -x "$jax_venv/bin/python" ] || "${interpreter[$version]}" -m venv "$jax_venv"
-  "$jax_venv/bin/python" -m pip install -q --upgrade pip
-  wheels=("$(ls -t "$dist"/jax-*+*-py3-none-any.whl | head -n 1)"
-          "$(ls -t "$dist"/jaxlib-*+*-"$tag"-*.whl | head -n 1)")
-  "$jax_venv/bin/python" -m pip install -q --force-reinstall --no-deps "${wheels[@]}"
-  # The wheels again beside the requirements: pip must choose equinox and
-  # flax versions that keep them (the newest flax would pull a newer jax).
-  "$jax_venv/bin/python" -m pip install -q "${wheels[@]}" -r tests/jax/requirements.txt
-  # Stock jax's reference numbers (peer libraries) and the install-time pin
-  # checks use the module tests' venv of the same Python, which holds stock
-  # jax and jaxlib.
-  (cd "$root/tests" && JAXLIB_PATCH_DIST="$dist" \
-      JAXLIB_PATCH_STOCK_PYTHON="$(venv_of "$version" "$module_venv")/bin/python" \
-      "$jax_venv/bin/python" -P -m pytest -p no:cacheprovider \
-      --rootdir="$root" -c "$root/pyproject.toml" "$root/tests/jax" "$@")
+  install_wheels "$version" "$jax_venv"
+  # The generated public-surface test (1,400 cases) runs on the first
+  # Python only: the patched jax is the same source on every Python.
+  if [ "$version" = "$first" ]; then
+    run_jax_suite "$version" "$jax_venv" "$@"
+  else
+    run_jax_suite "$version" "$jax_venv" \
+      --ignore="$root/tests/jax/public_surface_test.py" "$@"
+  fi
   "$jax_venv/bin/python" -I examples/demo.py
 done

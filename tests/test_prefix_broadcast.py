@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from jaxlib_patch import pytree as pt
 from nodes import DNode, KNode, Leaf, PNode, register_all
-from test_sharing_invariants import REGISTRY, SETTINGS, dags, follow
+from sharing_model import REGISTRY, SETTINGS, dags, follow
 
 # The same classes without the flag: flattening with it expands a DAG.
 EXPANDING = register_all(pt.PyTreeRegistry(), opt_in=False)

@@ -9,6 +9,9 @@ a map over trees that share differently keeps the ties its values cannot
 tell apart. Checked on generated trees, and against stock jaxlib.
 """
 
+import threading
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jaxlib._jax import pytree as stock_pt
@@ -102,3 +105,39 @@ def test_leaf_classes_of_the_wrong_count_are_a_value_error():
     assert "2 leaf classes given for a tree of 4 leaves" in str(e)
   else:
     raise AssertionError("no ValueError")
+
+
+@settings(max_examples=100, deadline=None)
+@given(shared_trees())
+def test_a_stock_layout_section_lays_out_every_registry_as_stock(tree):
+  leaves, treedef = KEEPING.flatten(tree)
+  pt.enter_stock_layout()
+  try:
+    inside_leaves, inside = KEEPING.flatten(tree)
+    # flatten_up_to takes the shared tree as stock takes it, too.
+    assert inside.flatten_up_to(tree) == inside_leaves
+  finally:
+    pt.exit_stock_layout()
+  assert inside == STOCK_LAYOUT.flatten(tree)[1] == treedef.unshared()
+  assert inside_leaves == STOCK_LAYOUT.flatten(tree)[0]
+  assert KEEPING.flatten(tree) == (leaves, treedef)  # Ended.
+
+
+def test_stock_layout_sections_nest_per_thread_and_must_match():
+  shared = nodes.PNode("p", [1])
+  pair = [shared, shared]
+  pt.enter_stock_layout()
+  pt.enter_stock_layout()
+  pt.exit_stock_layout()
+  assert not KEEPING.flatten(pair)[1].has_shared_nodes  # Still in one.
+  seen = []
+  thread = threading.Thread(
+      target=lambda: seen.append(KEEPING.flatten(pair)[1].has_shared_nodes)
+  )
+  thread.start()
+  thread.join()
+  assert seen == [True]  # Another thread is not in it.
+  pt.exit_stock_layout()
+  assert KEEPING.flatten(pair)[1].has_shared_nodes
+  with pytest.raises(ValueError, match="without a matching enter"):
+    pt.exit_stock_layout()

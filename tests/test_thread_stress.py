@@ -199,102 +199,167 @@ def check_new_type(cls, opted_in):
   assert td.flatten_up_to(out) == leaves
 
 
-def test_thread_stress():
-  shared_tree, shared_leaves = make_dag()
-  expected_leaves, expected_td = REG.flatten(shared_tree)
-  assert expected_leaves == shared_leaves and len(shared_leaves) == 6
-  expected_repr = repr(expected_td)
-  expected_hash = hash(expected_td)
-  expected_paths = [p for p, _ in REG.flatten_with_path(shared_tree)[0]]
-  expected_children = expected_td.children()
-  # One treedef per thread, compared across threads.
-  published = [None] * N_THREADS
-  counts = [0] * N_THREADS
+@dataclasses.dataclass
+class Expected:
+  """What every thread's operations on the shared DAG must give."""
 
-  def worker(k):
-    rng = random.Random(k)
-    own_tree, own_leaves = make_dag()
-    own_reg = pt.PyTreeRegistry()
-    own_reg.register_node(
+  tree: object
+  leaves: list
+  treedef: pt.PyTreeDef
+  text: str
+  hash: int
+  paths: list
+  children: list
+
+  @classmethod
+  def of(cls, tree, leaves):
+    expected_leaves, treedef = REG.flatten(tree)
+    assert expected_leaves == leaves and len(leaves) == 6
+    return cls(
+        tree,
+        leaves,
+        treedef,
+        repr(treedef),
+        hash(treedef),
+        [p for p, _ in REG.flatten_with_path(tree)[0]],
+        treedef.children(),
+    )
+
+  def check(self, treedef):
+    assert treedef == self.treedef and hash(treedef) == self.hash
+    assert repr(treedef) == self.text
+
+
+class Worker:
+  """One thread: its own DAG and registry, and the operations it picks at
+  random (ACTIONS), each checking its result."""
+
+  def __init__(self, k, expected, published):
+    self.k = k
+    self.rng = random.Random(k)
+    self.expected = expected
+    # One treedef per thread, compared across threads.
+    self.published = published
+    self.own_tree, self.own_leaves = make_dag()
+    self.own_reg = pt.PyTreeRegistry()
+    self.own_reg.register_node(
         YieldingNode,
         yielding_node_flatten,
         yielding_node_unflatten,
         preserve_relative_identities=True,
     )
-    for i in range(ITERATIONS):
-      action = rng.randrange(12)
-      if action == 0:
-        leaves, td = REG.flatten(shared_tree)
-        assert td == expected_td and hash(td) == expected_hash
-        assert all(a is b for a, b in zip(leaves, shared_leaves))
-        assert repr(td) == expected_repr
-        published[k] = td
-      elif action == 1:
-        tree = own_tree if i % 2 else shared_tree
-        leaves, td = REG.flatten(tree)
-        out = td.unflatten(leaves)
-        check_dag_output(out, tree)
-        assert td.flatten_up_to(out) == leaves
-        assert REG.flatten(out)[1] == expected_td
-      elif action == 2:
-        pairs, td = REG.flatten_with_path(shared_tree)
-        assert [p for p, _ in pairs] == expected_paths
-        assert td == expected_td
-      elif action == 3:
-        back = pickle.loads(pickle.dumps(expected_td))
-        assert back == expected_td and hash(back) == expected_hash
-        check_dag_output(back.unflatten(own_leaves), shared_tree)
-      elif action == 4:
-        children = expected_td.children()
-        assert children == expected_children
-        rebuilt = pt.PyTreeDef.from_node_data_and_children(
-            REG, expected_td.node_data(), children
-        )
-        assert rebuilt == expected_td
-        assert pt.treedef_tuple(REG, children).num_leaves == 6
-      elif action == 5:
-        inner = REG.flatten((1, 2))[1]
-        composed = expected_td.compose(inner)
-        assert composed.num_leaves == 12
-        out = composed.unflatten(range(12))
-        assert out[1]["b"] is out[3][1][0]
-      elif action == 6:
-        calls = []
-        expected_td.walk(
-            lambda c, d: calls.append(d) or c, lambda x: x, own_leaves
-        )
-        # Shared nodes built once: p, d, q, the dict, YieldingBox, the inner
-        # list, the tuple and the root list.
-        assert len(calls) == 8
-        iterable = expected_td.walk(
-            lambda c, d: list(c), lambda x: x, own_leaves
-        )
-        check_dag_output(expected_td.from_iterable_tree(iterable), shared_tree)
-      elif action == 7:
-        # Register a new type; others will use it.
-        opted_in = rng.random() < 0.7
-        cls = new_type(k, i, opted_in, rng.random() < 0.4)
-        with NEW_TYPES_LOCK:
-          NEW_TYPES.append((cls, opted_in))
-        check_new_type(cls, opted_in)
-      elif action == 8:
-        with NEW_TYPES_LOCK:
-          choices = list(NEW_TYPES)
-        if choices:
-          check_new_type(*rng.choice(choices))
-      elif action == 9:
-        for other in published:
-          if other is not None:
-            assert other == expected_td and hash(other) == expected_hash
-            assert repr(other) == expected_repr
-      elif action == 10:
-        leaves, td = own_reg.flatten([own_tree[0]] * 3)
-        assert td.num_leaves == 2 and td.num_nodes == 6
-        out = td.unflatten(leaves)
-        assert out[0] is out[1] is out[2]
-      else:
-        gc.collect(rng.choice([0, 1, 2]))
-      counts[k] += 1
+
+  def flatten_shared(self, i):
+    leaves, td = REG.flatten(self.expected.tree)
+    self.expected.check(td)
+    assert all(a is b for a, b in zip(leaves, self.expected.leaves))
+    self.published[self.k] = td
+
+  def round_trip(self, i):
+    tree = self.own_tree if i % 2 else self.expected.tree
+    leaves, td = REG.flatten(tree)
+    out = td.unflatten(leaves)
+    check_dag_output(out, tree)
+    assert td.flatten_up_to(out) == leaves
+    assert REG.flatten(out)[1] == self.expected.treedef
+
+  def flatten_with_path(self, i):
+    pairs, td = REG.flatten_with_path(self.expected.tree)
+    assert [p for p, _ in pairs] == self.expected.paths
+    assert td == self.expected.treedef
+
+  def pickle_round_trip(self, i):
+    back = pickle.loads(pickle.dumps(self.expected.treedef))
+    assert back == self.expected.treedef and hash(back) == self.expected.hash
+    check_dag_output(back.unflatten(self.own_leaves), self.expected.tree)
+
+  def rebuild_from_children(self, i):
+    children = self.expected.treedef.children()
+    assert children == self.expected.children
+    rebuilt = pt.PyTreeDef.from_node_data_and_children(
+        REG, self.expected.treedef.node_data(), children
+    )
+    assert rebuilt == self.expected.treedef
+    assert pt.treedef_tuple(REG, children).num_leaves == 6
+
+  def compose(self, i):
+    inner = REG.flatten((1, 2))[1]
+    composed = self.expected.treedef.compose(inner)
+    assert composed.num_leaves == 12
+    out = composed.unflatten(range(12))
+    assert out[1]["b"] is out[3][1][0]
+
+  def walk(self, i):
+    calls = []
+    self.expected.treedef.walk(
+        lambda c, d: calls.append(d) or c, lambda x: x, self.own_leaves
+    )
+    # Shared nodes built once: p, d, q, the dict, YieldingBox, the inner
+    # list, the tuple and the root list.
+    assert len(calls) == 8
+    iterable = self.expected.treedef.walk(
+        lambda c, d: list(c), lambda x: x, self.own_leaves
+    )
+    check_dag_output(
+        self.expected.treedef.from_iterable_tree(iterable), self.expected.tree
+    )
+
+  def register_new_type(self, i):
+    # Register a new type; others will use it.
+    opted_in = self.rng.random() < 0.7
+    cls = new_type(self.k, i, opted_in, self.rng.random() < 0.4)
+    with NEW_TYPES_LOCK:
+      NEW_TYPES.append((cls, opted_in))
+    check_new_type(cls, opted_in)
+
+  def use_new_type(self, i):
+    with NEW_TYPES_LOCK:
+      choices = list(NEW_TYPES)
+    if choices:
+      check_new_type(*self.rng.choice(choices))
+
+  def compare_published(self, i):
+    for other in self.published:
+      if other is not None:
+        self.expected.check(other)
+
+  def own_registry(self, i):
+    leaves, td = self.own_reg.flatten([self.own_tree[0]] * 3)
+    assert td.num_leaves == 2 and td.num_nodes == 6
+    out = td.unflatten(leaves)
+    assert out[0] is out[1] is out[2]
+
+  def collect(self, i):
+    gc.collect(self.rng.choice([0, 1, 2]))
+
+  ACTIONS = (
+      flatten_shared,
+      round_trip,
+      flatten_with_path,
+      pickle_round_trip,
+      rebuild_from_children,
+      compose,
+      walk,
+      register_new_type,
+      use_new_type,
+      compare_published,
+      own_registry,
+      collect,
+  )
+
+  def run(self, iterations, counts):
+    for i in range(iterations):
+      self.ACTIONS[self.rng.randrange(len(self.ACTIONS))](self, i)
+      counts[self.k] += 1
+
+
+def test_thread_stress():
+  expected = Expected.of(*make_dag())
+  published = [None] * N_THREADS
+  counts = [0] * N_THREADS
+
+  def worker(k):
+    Worker(k, expected, published).run(ITERATIONS, counts)
 
   errors = run_in_threads(worker, N_THREADS, timeout=300)
   assert not errors, f"{len(errors)} threads failed:\n" + "\n".join(

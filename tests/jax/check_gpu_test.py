@@ -31,8 +31,9 @@ CHECKS = [
 ]
 
 
-def _module():
-  spec = importlib.util.spec_from_file_location("check_gpu", SCRIPT)
+def _module(name):
+  """build/NAME.py, loaded without putting build/ on sys.path."""
+  spec = importlib.util.spec_from_file_location(name, SCRIPT.with_name(name))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
@@ -77,7 +78,7 @@ def test_timings_are_reported(cpu_run):
 
 
 def test_a_missing_equinox_skips_the_tied_lm_saying_so(monkeypatch):
-  module = _module()
+  module = _module("check_gpu_checks.py")
   monkeypatch.setitem(sys.modules, "equinox", None)  # import raises
   with pytest.raises(module.Skip, match="Equinox or optax is not importable"):
     module.check_tied_lm(None, None, {})
@@ -90,7 +91,7 @@ def _wheel(path):
 
 
 def test_split_wheels_are_put_back_together(tmp_path):
-  module = _module()
+  module = _module("check_gpu_install.py")
   source, dest = tmp_path / "source", tmp_path / "dest"
   source.mkdir()
   whole = _wheel(tmp_path / "jaxlib-1+a-cp311-cp311-linux_x86_64.whl")
@@ -115,7 +116,7 @@ def test_split_wheels_are_put_back_together(tmp_path):
 
 
 def test_wheels_are_chosen_by_the_interpreter_s_tags(tmp_path):
-  module = _module()
+  module = _module("check_gpu_install.py")
   names = [
       "jax-0.10.2+relid-py3-none-any.whl",
       "jaxlib-0.10.2+relid-cp311-cp311-manylinux_2_27_x86_64.whl",

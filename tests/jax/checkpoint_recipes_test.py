@@ -102,6 +102,18 @@ class OrbaxRecipesTest(jtu.JaxTestCase):
     self.assertArraysEqual(tied["b"].value, self.tree["a"].value)
 
   @parameterized.named_parameters(_checkpointers())
+  def test_the_no_target_recipe_refuses_a_tied_checkpoint(self, make):
+    # Restored without a target, a tied checkpoint lacks "b"; the guide's
+    # recipe (rebuild, then tree_retie by the model) says so, not the model.
+    with make() as checkpointer:
+      path = self._save(checkpointer, "tied", self.tree)
+      restored = self._restore(checkpointer, path)
+    self.assertEqual(set(restored), {"a", "c"})
+    rebuilt = {k: Param(v["value"]) for k, v in restored.items()}
+    with self.assertRaisesRegex(ValueError, "PyTree structures differ"):
+      tree_util.tree_retie(rebuilt, self.tree)
+
+  @parameterized.named_parameters(_checkpointers())
   def test_stock_checkpoint_into_a_tied_model_and_back(self, make):
     # A stock checkpoint of the untied model: two copies of the shared node.
     with make() as checkpointer:

@@ -7,15 +7,22 @@ environment named by JAXLIB_PATCH_STOCK_PYTHON, where stock jaxlib is
 installed (tests/run.sh points it at the module tests' venv). The wheels are
 those installed here, found in JAXLIB_PATCH_DIST (default: the repository's
 dist/).
+
+The way back to stock JAX that docs/guide.md gives is asked of pip here,
+where the custom wheels are installed, against wheels of the stock version
+that hold metadata only (all a --dry-run reads).
 """
 
 import importlib.metadata
 import os
 import pathlib
+import shlex
 import shutil
 import subprocess
 import sys
+import zipfile
 
+import docs_test
 import stock_reference
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -116,3 +123,66 @@ def test_every_jaxlib_requirement_of_the_custom_jax_is_the_exact_pin():
   assert jaxlib_lines, importlib.metadata.requires("jax")
   for line in jaxlib_lines:
     assert line.split(";")[0].strip() == f"jaxlib=={version}", line
+
+
+def _metadata_only_wheel(folder, name, version):
+  """A wheel of `name` `version` that holds its metadata only: all that
+  pip's resolver reads in a --dry-run."""
+  dist_info = f"{name}-{version}.dist-info"
+  wheel = folder / f"{name}-{version}-py3-none-any.whl"
+  with zipfile.ZipFile(wheel, "w") as archive:
+    archive.writestr(
+        f"{dist_info}/METADATA",
+        f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+    )
+    archive.writestr(
+        f"{dist_info}/WHEEL",
+        "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    )
+    archive.writestr(f"{dist_info}/RECORD", "")
+  return wheel
+
+
+def _guide_command(marker):
+  """The `pip install` line of docs/guide.md's ```sh blocks that holds
+  `marker`, as arguments after `pip install`."""
+  lines = [
+      line
+      for block in docs_test.fenced_blocks((ROOT / "docs/guide.md").read_text())
+      if block.language == "sh"
+      for line in block.source.splitlines()
+      if marker in line
+  ]
+  assert len(lines) == 1, lines
+  words = shlex.split(lines[0].split("#")[0])
+  assert words[:2] == ["pip", "install"], lines[0]
+  return words[2:]
+
+
+def test_the_guides_way_back_to_stock_jax(tmp_path):
+  # Here, where the custom wheels are installed, against stock-versioned
+  # wheels: a plain pin is satisfied by 0.10.2+relid; the guide's command
+  # replaces both packages.
+  version = importlib.metadata.version("jax").split("+")[0]
+  for name in ("jax", "jaxlib"):
+    _metadata_only_wheel(tmp_path, name, version)
+
+  def dry_run(*arguments):
+    return subprocess.run(
+        [sys.executable, "-I", "-m", "pip", "--isolated", "install"]
+        + ["--dry-run", "--no-index", "--find-links", str(tmp_path)]
+        + list(arguments),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout
+
+  plain = dry_run(f"jax=={version}", f"jaxlib=={version}")
+  assert "Would install" not in plain, plain
+  assert f"Requirement already satisfied: jax=={version}" in plain, plain
+  command = _guide_command("--force-reinstall")
+  assert f"jax=={version}" in command and f"jaxlib=={version}" in command
+  forced = dry_run(*command)
+  would_install = forced.rsplit("Would install", 1)[-1].split()
+  assert sorted(would_install) == [f"jax-{version}", f"jaxlib-{version}"]

@@ -264,7 +264,12 @@ class PrefixErrorsTest(jtu.JaxTestCase):
     expanded = jax.tree_util.tree_unshare(full)
     prefix = data.draw(prefixes_of(expanded))
     stock = [str(error("in_axes")) for error in prefix_errors(prefix, expanded)]
-    ours = [error("in_axes") for error in prefix_errors(prefix, full)]
+    ours = [
+        error("in_axes")
+        for error in prefix_errors(
+            prefix, full, full_treedef=jax.tree.structure(full)
+        )
+    ]
     if full is expanded:  # Nothing shared: stock's own walk, every error.
       self.assertEqual([str(error) for error in ours], stock)
       return
@@ -281,7 +286,7 @@ class PrefixErrorsTest(jtu.JaxTestCase):
     node, prefix = Param([1.0, 2.0]), Param([0])
     for _ in range(40):
       node, prefix = Param((node, node)), Param((prefix, prefix))
-    (error,) = prefix_errors(prefix, node)
+    (error,) = prefix_errors(prefix, node, full_treedef=jax.tree.structure(node))
     message = str(error("in_axes"))
     self.assertIn("different lengths of list at key path", message)
     self.assertIn("in_axes" + ".value[0]" * 40 + ".value", message)

@@ -97,8 +97,18 @@ class PreserveRelativeIdentitiesTest(jtu.JaxTestCase):
     tree_util.preserve_relative_identities(Module)
     layer = Linear(1.0)
     for registry in tree_util_internal._identity_registries:
+      # Every registry of ours records the opt-in; those that keep relative
+      # identities (the entry points') flatten the layer once, the others
+      # (JAX's own, in stock's layout) at each place.
       self.assertTrue(registry.preserves_relative_identities(Linear))
-      self.assertTrue(registry.flatten([layer, layer])[1].has_shared_nodes)
+      self.assertEqual(
+          registry.flatten([layer, layer])[1].has_shared_nodes,
+          registry.keeps_relative_identities,
+      )
+    self.assertTrue(
+        tree_util_internal.identity_default_registry.keeps_relative_identities
+    )
+    self.assertFalse(tree_util_internal.default_registry.keeps_relative_identities)
     self.assertNotIn(
         tree_util_internal.dispatch_registry,
         tree_util_internal._identity_registries,

@@ -100,6 +100,9 @@ class SharedOutputsTest(jtu.JaxTestCase):
     def unshared(x):
       return Param(np.asarray(x)), Param(np.asarray(x))
 
+    def apart(x):
+      return Param(np.asarray(x)), Param(np.asarray(x) + 1)
+
     def shared(x):
       n = Param(np.asarray(x))
       return n, n
@@ -109,8 +112,11 @@ class SharedOutputsTest(jtu.JaxTestCase):
     )
     a, b = call(shared)
     self.assertIs(a, b)
+    # Two objects with equal leaves: nothing tells the places apart.
+    a, b = call(unshared)
+    self.assertIs(a, b)
     with self.assertRaisesRegex(Exception, "must share the nodes"):
-      call(unshared)
+      call(apart)
 
   def test_export_serialization_refuses_sharing(self):
     p = Param(jnp.arange(3.0))

@@ -31,12 +31,16 @@ def stock_python(needs):
   return python
 
 
-def run_with_stock_jax(script, needs):
-  """The JSON that ``script`` prints when run with stock jax; ``needs`` names
-  the packages it imports besides jax."""
+def run_with_stock_jax(script, needs, *args):
+  """The JSON that ``script`` prints when run with stock jax and the command
+  line arguments ``args``; ``needs`` names the packages it imports besides
+  jax."""
   python = stock_python(f"stock jax 0.10.2 and {needs}")
   done = subprocess.run(
-      [python, "-E", "-s", script], capture_output=True, text=True, check=True
+      [python, "-E", "-s", script, *map(str, args)],
+      capture_output=True,
+      text=True,
+      check=True,
   )
   return json.loads(done.stdout)
 

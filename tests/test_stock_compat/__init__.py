@@ -45,6 +45,8 @@ The package's rooms:
 * ``compare``: running an operation on both modules and comparing
   (``both``), and the hypothesis settings;
 * ``inputs``: leaf predicates, and related trees built from generated ones;
+* ``error_cases``: the hand-written cases, grouped by the call they make,
+  and ``error_case_inputs``, what they are handed;
 * the test files, by concern: ``test_flatten`` (flatten, flatten_with_path,
   flatten_one_level, unflatten, flatten_up_to, misbehaving custom nodes,
   dict keys), ``test_treedefs`` (equality, compose, children, walk,

@@ -11,7 +11,7 @@ from test_stock_compat import (
     test_treedefs,
 )
 from test_stock_compat.deviations import DEVIATIONS, Instead
-from test_stock_compat.test_error_cases import ERROR_CASES
+from test_stock_compat.error_cases import ERROR_CASES
 
 # The property tests by name: the places of the table that are not
 # hand-written cases name one of them.

@@ -211,11 +211,20 @@ def parse_args(argv):
       default=run.REPO / "dist",
       help="folder holding the custom jax and jaxlib wheels",
   )
+  # Outside the repository, beside the checkout (docs/compatibility.md).
   parser.add_argument(
-      "--stock-venv", type=Path, default=Path("/work/venv-lib-stock")
+      "--stock-venv",
+      type=Path,
+      default=run.REPO.parent / "venv-lib-stock",
+      help="venv of stock jax and jaxlib (default: venv-lib-stock beside "
+      "the checkout)",
   )
   parser.add_argument(
-      "--ours-venv", type=Path, default=Path("/work/venv-lib-ours")
+      "--ours-venv",
+      type=Path,
+      default=run.REPO.parent / "venv-lib-ours",
+      help="venv of the custom wheels (default: venv-lib-ours beside the "
+      "checkout)",
   )
   parser.add_argument(
       "--out",

@@ -1,0 +1,283 @@
+// The type of the object `jax.jit` returns, PjitFunction: its lifetime and
+// garbage-collector slots, its repr and method binding, `__signature__`,
+// the methods that reach the stock dispatches' caches, its pickled state,
+// its construction (make_jit_function) and the module's bindings of the
+// front door. Its calls are in jit_function.cc.
+
+#include <Python.h>
+#include <structmember.h>
+
+#include <cstddef>
+#include <new>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "jaxlib_patch/jit_function.h"
+#include "jaxlib_patch/pytree.h"
+
+namespace jaxlib_patch {
+
+namespace {
+
+PyTypeObject* jit_function_type = nullptr;
+
+void JitFunctionDealloc(PyObject* self) {
+  PyTypeObject* type = Py_TYPE(self);
+  PyObject_GC_UnTrack(self);
+  auto* o = reinterpret_cast<JitFunctionObject*>(self);
+  if (o->weakrefs != nullptr) PyObject_ClearWeakRefs(self);
+  Py_CLEAR(o->dict);
+  o->fun.~object();
+  o->make_dispatch.~object();
+  o->dispatch.~object();
+  o->registry.~object();
+  o->leaf_dispatch.~object();
+  o->static_argnums.~vector();
+  o->static_argnames.~object();
+  o->last_treedef.~object();
+  o->leaf_type.~object();
+  type->tp_free(self);
+  Py_DECREF(type);
+}
+
+// The GC slots never throw and never call into Python (the rule of gc.cc):
+// the collector runs them at any allocation. `jax.jit(obj.method)` stored on
+// `obj` is a cycle through `fun` and the dispatches.
+int JitFunctionTraverse(PyObject* self, visitproc visit, void* arg) {
+  auto* o = reinterpret_cast<JitFunctionObject*>(self);
+  Py_VISIT(Py_TYPE(self));
+  Py_VISIT(o->dict);
+  Py_VISIT(o->fun.ptr());
+  Py_VISIT(o->make_dispatch.ptr());
+  Py_VISIT(o->dispatch.ptr());
+  Py_VISIT(o->registry.ptr());
+  Py_VISIT(o->leaf_dispatch.ptr());
+  Py_VISIT(o->static_argnames.ptr());
+  Py_VISIT(o->last_treedef.ptr());
+  Py_VISIT(o->leaf_type.ptr());
+  return 0;
+}
+
+int JitFunctionClear(PyObject* self) {
+  auto* o = reinterpret_cast<JitFunctionObject*>(self);
+  // Dropping a reference can run code (a finalizer, a weak reference's
+  // callback) that calls this object, so it is cleared before anything is
+  // dropped: calls take the out-of-line path, which finds no leaf dispatch
+  // and no make_dispatch and raises. The references move out, then drop.
+  o->vectorcall = CallThroughFrontDoor;
+  o->leaf_vectorcall = nullptr;
+  nb::object fun = std::move(o->fun);
+  nb::object make_dispatch = std::move(o->make_dispatch);
+  nb::object dispatch = std::move(o->dispatch);
+  nb::object registry = std::move(o->registry);
+  nb::object leaf_dispatch = std::move(o->leaf_dispatch);
+  nb::object static_argnames = std::move(o->static_argnames);
+  nb::object last_treedef = std::move(o->last_treedef);
+  nb::object leaf_type = std::move(o->leaf_type);
+  Py_CLEAR(o->dict);
+  return 0;
+}
+
+// As stock: the repr of `__wrapped__`, and a bare one if that fails.
+PyObject* JitFunctionRepr(PyObject* self) {
+  PyObject* wrapped = PyObject_GetAttrString(self, "__wrapped__");
+  PyObject* text = nullptr;
+  if (wrapped != nullptr) {
+    text = PyUnicode_FromFormat("<PjitFunction of %R>", wrapped);
+    Py_DECREF(wrapped);
+  }
+  if (text == nullptr) {
+    PyErr_Clear();
+    text = PyUnicode_FromString("<PjitFunction>");
+  }
+  return text;
+}
+
+// Methods bind like functions': `obj.method` is a bound method of it.
+PyObject* JitFunctionDescrGet(PyObject* self, PyObject* obj, PyObject*) {
+  if (obj == nullptr || obj == Py_None) return Py_NewRef(self);
+  return PyMethod_New(self, obj);
+}
+
+template <typename F>
+PyObject* Guarded(F&& f) {
+  try {
+    return f().release().ptr();
+  } catch (...) {
+    SetPythonErrorFromException();
+    return nullptr;
+  }
+}
+
+PyObject* JitFunctionSignature(PyObject* self, void*) {
+  return Guarded([&] {
+    return nb::module_::import_("inspect").attr("signature")(Self(self)->fun);
+  });
+}
+
+// The dispatches built so far.
+std::vector<nb::object> BuiltDispatches(JitFunctionObject* self) {
+  std::vector<nb::object> built;
+  for (const nb::object& dispatch : {self->leaf_dispatch, self->dispatch}) {
+    if (dispatch.is_valid()) built.push_back(dispatch);
+  }
+  return built;
+}
+
+// The entries of the dispatches' caches.
+PyObject* JitFunctionCacheSize(PyObject* self, PyObject*) {
+  return Guarded([&] {
+    Py_ssize_t size = 0;
+    for (const nb::object& dispatch : BuiltDispatches(Self(self))) {
+      size += nb::cast<Py_ssize_t>(dispatch.attr("_cache_size")());
+    }
+    return nb::int_(size);
+  });
+}
+
+PyObject* JitFunctionClearCache(PyObject* self, PyObject*) {
+  return Guarded([&] {
+    for (const nb::object& dispatch : BuiltDispatches(Self(self))) {
+      dispatch.attr("_clear_cache")();
+    }
+    return nb::none();
+  });
+}
+
+// The stock dispatch's state, with the user's function and static argument
+// indices and names in place of the dispatch's own.
+PyObject* JitFunctionGetState(PyObject* self, PyObject*) {
+  return Guarded([&] {
+    JitFunctionObject* o = Self(self);
+    nb::object state = Dispatch(o).attr("__getstate__")();
+    state["fun"] = o->fun;
+    state["static_argnums"] = nb::cast(o->static_argnums);
+    state["static_argnames"] = o->static_argnames;
+    return state;
+  });
+}
+
+PyMethodDef jit_function_methods[] = {
+    {"_cache_size", JitFunctionCacheSize, METH_NOARGS,
+     "The number of entries of the C++ dispatch's cache."},
+    {"_clear_cache", JitFunctionClearCache, METH_NOARGS,
+     "Clears the C++ dispatch's cache."},
+    {"__getstate__", JitFunctionGetState, METH_NOARGS, nullptr},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyGetSetDef jit_function_getset[] = {
+    {"__signature__", JitFunctionSignature, nullptr, nullptr, nullptr},
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, nullptr,
+     nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyMemberDef jit_function_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET,
+     static_cast<Py_ssize_t>(offsetof(JitFunctionObject, vectorcall)), READONLY,
+     nullptr},
+    {"__dictoffset__", T_PYSSIZET,
+     static_cast<Py_ssize_t>(offsetof(JitFunctionObject, dict)), READONLY,
+     nullptr},
+    {"__weaklistoffset__", T_PYSSIZET,
+     static_cast<Py_ssize_t>(offsetof(JitFunctionObject, weakrefs)), READONLY,
+     nullptr},
+    {nullptr, 0, 0, 0, nullptr}};
+
+PyType_Slot jit_function_slots[] = {
+    {Py_tp_doc,
+     const_cast<char*>("What jax.jit returns: flattens the dynamic arguments "
+                       "once with the tracing registry and calls the stock C++ "
+                       "dispatch with them.")},
+    {Py_tp_dealloc, reinterpret_cast<void*>(JitFunctionDealloc)},
+    {Py_tp_traverse, reinterpret_cast<void*>(JitFunctionTraverse)},
+    {Py_tp_clear, reinterpret_cast<void*>(JitFunctionClear)},
+    {Py_tp_call, reinterpret_cast<void*>(PyVectorcall_Call)},
+    {Py_tp_repr, reinterpret_cast<void*>(JitFunctionRepr)},
+    {Py_tp_descr_get, reinterpret_cast<void*>(JitFunctionDescrGet)},
+    {Py_tp_methods, jit_function_methods},
+    {Py_tp_getset, jit_function_getset},
+    {Py_tp_members, jit_function_members},
+    {0, nullptr}};
+
+// Named PjitFunction like stock's, so that messages that name the type read
+// the same; the module tells them apart.
+PyType_Spec jit_function_spec = {
+    "jaxlib_patch.pytree.PjitFunction", sizeof(JitFunctionObject), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
+        Py_TPFLAGS_DISALLOW_INSTANTIATION,  // make_jit_function builds them
+    jit_function_slots};
+
+nb::object MakeJitFunction(nb::callable fun, nb::callable make_dispatch,
+                           nb::handle registry,
+                           std::vector<Py_ssize_t> static_argnums,
+                           std::vector<nb::str> static_argnames,
+                           std::optional<nb::callable> leaf_dispatch) {
+  if (!nb::isinstance<PyTreeRegistry>(registry)) {
+    throw nb::type_error(
+        ("Expected a PyTreeRegistry, got " + Repr(registry) + ".").c_str());
+  }
+  nb::tuple names = StaticArgnamesTuple(std::move(static_argnames));
+  PyObject* self = jit_function_type->tp_alloc(jit_function_type, 0);
+  if (self == nullptr) throw nb::python_error();
+  auto* o = reinterpret_cast<JitFunctionObject*>(self);
+  // tp_alloc zeroes the memory: the members are constructed over it.
+  new (&o->fun) nb::object(std::move(fun));
+  new (&o->make_dispatch) nb::object(std::move(make_dispatch));
+  new (&o->dispatch) nb::object();
+  new (&o->registry) nb::object(nb::borrow(registry));
+  o->registry_instance = nb::inst_ptr<PyTreeRegistry>(registry);
+  new (&o->leaf_dispatch)
+      nb::object(leaf_dispatch ? std::move(*leaf_dispatch) : nb::object());
+  new (&o->static_argnums) std::vector<Py_ssize_t>(std::move(static_argnums));
+  if (o->leaf_dispatch.is_valid() && o->static_argnums.empty()) {
+    o->leaf_vectorcall = PyVectorcall_Function(o->leaf_dispatch.ptr());
+  }
+  o->vectorcall =
+      o->leaf_vectorcall ? JitFunctionVectorcall : CallThroughFrontDoor;
+  new (&o->static_argnames) nb::object(std::move(names));
+  new (&o->last_treedef) nb::object();
+  new (&o->leaf_type) nb::object();
+  return nb::steal(self);
+}
+
+}  // namespace
+
+void BindJitFunction(nb::module_& m) {
+  BindDispatchArgs(m);
+  jit_function_type =
+      reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&jit_function_spec));
+  if (jit_function_type == nullptr) throw nb::python_error();
+  m.attr("PjitFunction") =
+      nb::borrow(reinterpret_cast<PyObject*>(jit_function_type));
+  m.def("make_jit_function", &MakeJitFunction, nb::arg("fun"),
+        nb::arg("make_dispatch"), nb::arg("registry"),
+        nb::arg("static_argnums"), nb::arg("static_argnames"),
+        nb::arg("leaf_dispatch").none() = nb::none(),
+        "The object jax.jit returns: calls of it flatten the dynamic "
+        "arguments once with `registry` and call the dispatch that "
+        "`make_dispatch(static_argnums, static_argnames)` returns when first "
+        "needed with one DispatchArgs followed by the static arguments: a "
+        "stock PjitFunction made with the static argnums and names given "
+        "(1, 2, ..., one per index of `static_argnums`, and "
+        "`static_argnames`). `static_argnums` as given to jax.jit; a "
+        "negative one counts from the end of a call's positional arguments. "
+        "A call whose dynamic arguments are all positional leaves of "
+        "`registry` goes to `leaf_dispatch` instead, if given, as it is: a "
+        "stock PjitFunction with `static_argnums` and `static_argnames` of "
+        "its own.");
+  m.def("split_static_args", &SplitStaticArgs, nb::arg("args"),
+        nb::arg("kwargs"), nb::arg("static_argnums"),
+        nb::arg("static_argnames"),
+        "(dynamic_args, dynamic_kwargs, static_args, static_kwargs): a "
+        "call's `args` (a tuple) and `kwargs` (a dict) split as a call of "
+        "a jitted function splits them (make_jit_function), so that "
+        "`lower` and `trace` see the arguments as calls do.");
+  m.def("positional_statics", &PositionalStatics, nb::arg("num_args"),
+        nb::arg("static_argnums"),
+        "A tuple of `num_args` bools: whether each positional argument of a "
+        "call with `num_args` of them is static, as a call of a jitted "
+        "function (make_jit_function) splits them.");
+}
+
+}  // namespace jaxlib_patch

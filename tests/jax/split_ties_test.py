@@ -1,0 +1,183 @@
+"""A tie stays a tie where the inputs cannot tell its places apart, and a
+tie the user made that is split is reported (jax_split_ties).
+
+A shared node stays one node in jax.tree.map's result wherever every tree
+holds the very same objects at its places; where the values differ, the
+places are mapped apart (what stock computes on copies) and the user is
+told, once per function and place, with both key paths: a warning by
+default, SplitTieError under "raise", nothing under "allow". Library code
+that aliases objects incidentally (the solvers, Optax's L-BFGS, Equinox's
+loops) never triggers it.
+"""
+
+import dataclasses
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest
+from jax._src import test_util as jtu
+from jax._src.tree_util import SharedPrefixError
+
+from shared_nodes import Param
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Model:
+  a: object
+  b: object
+  c: object
+
+
+def tied_model():
+  w = Param(jnp.ones((2, 2)))
+  return Model(a=w, b=w, c=Param(jnp.ones(2)))
+
+
+def loss(m):
+  return jnp.sum(m.a.value @ m.b.value) + jnp.sum(m.c.value**2)
+
+
+class SplitTiesTest(jtu.JaxTestCase):
+
+  def setUp(self):
+    super().setUp()
+    jax.config.update("jax_split_ties", "raise")
+
+  def tearDown(self):
+    jax.config.update("jax_split_ties", "warn")
+    super().tearDown()
+
+  def test_a_hand_built_mask_of_one_value_keeps_the_tie(self):
+    import optax  # pylint: disable=g-import-not-at-top
+
+    m = tied_model()
+    mask = Model(Param(True), Param(True), Param(False))
+    tx = optax.chain(
+        optax.masked(optax.add_decayed_weights(0.1), mask), optax.sgd(0.1)
+    )
+    updates, _ = tx.update(jax.grad(loss)(m), tx.init(m), m)
+    new = optax.apply_updates(m, updates)
+    self.assertIs(new.a, new.b)
+
+  def test_updates_rebuilt_around_the_same_array_keep_the_tie(self):
+    import optax  # pylint: disable=g-import-not-at-top
+
+    m = tied_model()
+    g = jnp.full((2, 2), 0.5)
+    updates = Model(Param(g), Param(g), Param(jnp.zeros(2)))
+    new = optax.apply_updates(m, updates)
+    self.assertIs(new.a, new.b)
+    np.testing.assert_allclose(new.a.value, 1.5)
+
+  def test_a_map_that_splits_a_tie_names_both_places(self):
+    m = tied_model()
+    other = Model(Param(1.0), Param(2.0), Param(3.0))
+    add = lambda x, y: x + y
+    with self.assertRaisesRegex(
+        jax.tree_util.SplitTieError, r"at tree\.a and tree\.b"
+    ):
+      jax.tree.map(add, m, other)
+    with self.assertRaisesRegex(
+        jax.tree_util.SplitTieError, r"at rest\[0\]\.a and rest\[0\]\.b"
+    ):
+      jax.tree.map(add, other, m)
+    jax.config.update("jax_split_ties", "warn")
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always")
+      new = jax.tree.map(add, m, other)
+      jax.tree.map(add, m, other)  # The same function and place: once.
+    self.assertIsNot(new.a, new.b)
+    np.testing.assert_allclose(new.b.value, 3.0)
+    (warning,) = [w for w in caught if w.category is jax.tree_util.SplitTieWarning]
+    self.assertIn("jax.tree.map split a tie", str(warning.message))
+    self.assertIn("built before the class was opted in", str(warning.message))
+    self.assertEqual(warning.filename, __file__)  # The caller's line.
+    jax.config.update("jax_split_ties", "allow")
+    with warnings.catch_warnings():
+      warnings.simplefilter("error")
+      jax.tree.map(lambda x, y: x * y, m, other)
+
+  def test_an_optimizer_state_made_before_the_opt_in_is_reported(self):
+    import optax  # pylint: disable=g-import-not-at-top
+
+    m = tied_model()
+    # As if made before the opt-in: a moment per place.
+    state = optax.adam(0.1).init(jax.tree_util.tree_unshare(m))
+    with self.assertRaisesRegex(jax.tree_util.SplitTieError, "split a tie"):
+      optax.adam(0.1).update(jax.grad(loss)(m), state, m)
+
+  def test_a_loop_body_that_splits_the_carry_names_the_initial_value(self):
+    w = Param(jnp.ones(2))
+
+    def body(carry, _):
+      a, b = carry
+      return (Param(a.value + 1), Param(b.value * 2)), None
+
+    with self.assertRaisesRegex(
+        jax.tree_util.SplitTieError, r"jax\.lax\.scan .* at init\[0\] and init\[1\]"
+    ):
+      jax.lax.scan(body, (w, w), None, length=2)
+    with self.assertRaisesRegex(
+        jax.tree_util.SplitTieError, r"while_loop .* init_val\[0\] and init_val\[1\]"
+    ):
+      jax.lax.while_loop(
+          lambda c: c[0].value[0] < 3,
+          lambda c: (Param(c[0].value + 1), Param(c[1].value * 2)),
+          (w, w),
+      )
+    kept, _ = jax.lax.scan(
+        lambda c, _: ((n := Param(c[0].value + 1), n), None),
+        (w, w),
+        None,
+        length=2,
+    )
+    self.assertIs(kept[0], kept[1])
+
+  def test_equinox_filter_vmap_reports_a_spec_that_splits_a_node(self):
+    import equinox as eqx  # pylint: disable=g-import-not-at-top
+
+    w = Param(jnp.ones((3, 2)))
+    pair = Model(w, w, None)
+    spec = (Model(0, None, None),)
+    f = lambda m: m.a.value + m.b.value
+    with self.assertRaises(SharedPrefixError):
+      jax.vmap(f, in_axes=spec)(pair)
+    with self.assertRaisesRegex(jax.tree_util.SplitTieError, r"\.a and .*\.b"):
+      eqx.filter_vmap(f, in_axes=spec)(pair)
+
+  def test_incidental_aliasing_in_libraries_is_not_reported(self):
+    import equinox.internal as eqxi  # pylint: disable=g-import-not-at-top
+    import optax  # pylint: disable=g-import-not-at-top
+    from jax.scipy.sparse.linalg import bicgstab, cg, gmres  # pylint: disable=g-import-not-at-top
+
+    p = Param(jnp.array([1.0, 2.0]))
+    matvec = lambda x: jax.tree.map(lambda v: 2.0 * v, x)
+    for solve in (cg, bicgstab, gmres):
+      x, _ = solve(matvec, (p, p))
+      np.testing.assert_allclose(x[0].value, p.value / 2, rtol=1e-5)
+    m = tied_model()
+    opt = optax.lbfgs()
+    state = opt.init(m)
+    value_and_grad = optax.value_and_grad_from_state(loss)
+    for _ in range(2):
+      value, grad = value_and_grad(m, state=state)
+      updates, state = opt.update(
+          grad, state, m, value=value, grad=grad, value_fn=loss
+      )
+      m = optax.apply_updates(m, updates)
+    self.assertIs(m.a, m.b)
+    out = eqxi.while_loop(
+        lambda c: c[0] < 3,
+        lambda c: (c[0] + 1, jax.tree.map(lambda v: v * 2, c[1])),
+        (0, (p, p)),
+        max_steps=3,
+        kind="checkpointed",
+    )
+    np.testing.assert_allclose(out[1][1].value, 8 * p.value)
+
+
+if __name__ == "__main__":
+  absltest.main(testLoader=jtu.JaxTestLoader())
