@@ -293,7 +293,11 @@ SITES = {
         SHARING,
         "the jacobians' basis: one direction per leaf of a tied node",
     ),
-    ("api", "_unravel_array_into_pytree", "identity_default_registry.flatten"): (
+    (
+        "api",
+        "_unravel_array_into_pytree",
+        "identity_default_registry.flatten",
+    ): (
         SHARING,
         "a jacobian unravelled into the tree of its arguments or results, a "
         "tied node's leaves once",

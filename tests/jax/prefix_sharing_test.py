@@ -286,7 +286,9 @@ class PrefixErrorsTest(jtu.JaxTestCase):
     node, prefix = Param([1.0, 2.0]), Param([0])
     for _ in range(40):
       node, prefix = Param((node, node)), Param((prefix, prefix))
-    (error,) = prefix_errors(prefix, node, full_treedef=jax.tree.structure(node))
+    (error,) = prefix_errors(
+        prefix, node, full_treedef=jax.tree.structure(node)
+    )
     message = str(error("in_axes"))
     self.assertIn("different lengths of list at key path", message)
     self.assertIn("in_axes" + ".value[0]" * 40 + ".value", message)

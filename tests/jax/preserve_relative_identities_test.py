@@ -108,7 +108,9 @@ class PreserveRelativeIdentitiesTest(jtu.JaxTestCase):
     self.assertTrue(
         tree_util_internal.identity_default_registry.keeps_relative_identities
     )
-    self.assertFalse(tree_util_internal.default_registry.keeps_relative_identities)
+    self.assertFalse(
+        tree_util_internal.default_registry.keeps_relative_identities
+    )
     self.assertNotIn(
         tree_util_internal.dispatch_registry,
         tree_util_internal._identity_registries,

@@ -91,7 +91,9 @@ class SplitTiesTest(jtu.JaxTestCase):
       jax.tree.map(add, m, other)  # The same function and place: once.
     self.assertIsNot(new.a, new.b)
     np.testing.assert_allclose(new.b.value, 3.0)
-    (warning,) = [w for w in caught if w.category is jax.tree_util.SplitTieWarning]
+    (warning,) = [
+        w for w in caught if w.category is jax.tree_util.SplitTieWarning
+    ]
     self.assertIn("jax.tree.map split a tie", str(warning.message))
     self.assertIn("built before the class was opted in", str(warning.message))
     self.assertEqual(warning.filename, __file__)  # The caller's line.
@@ -117,11 +119,13 @@ class SplitTiesTest(jtu.JaxTestCase):
       return (Param(a.value + 1), Param(b.value * 2)), None
 
     with self.assertRaisesRegex(
-        jax.tree_util.SplitTieError, r"jax\.lax\.scan .* at init\[0\] and init\[1\]"
+        jax.tree_util.SplitTieError,
+        r"jax\.lax\.scan .* at init\[0\] and init\[1\]",
     ):
       jax.lax.scan(body, (w, w), None, length=2)
     with self.assertRaisesRegex(
-        jax.tree_util.SplitTieError, r"while_loop .* init_val\[0\] and init_val\[1\]"
+        jax.tree_util.SplitTieError,
+        r"while_loop .* init_val\[0\] and init_val\[1\]",
     ):
       jax.lax.while_loop(
           lambda c: c[0].value[0] < 3,
