@@ -308,8 +308,7 @@ class Flattener {
     RecursionGuard guard(" in flatten", stack_limit_);
     IdentityScope* scope = nullptr;  // Set for an opted-in node.
     size_t identity_slot = 0;
-    if (KeepsIdentity(node.custom) &&
-        registry_.keeps_relative_identities_now()) {
+    if (KeepsIdentity(node.custom) && keeps_identities_) {
       scope = &scope_.Get();
       const IdentityScope::Entry entry = scope->Enter(obj);
       if (!entry.first) {
@@ -506,6 +505,9 @@ class Flattener {
   std::vector<nb::object> pending_;  // Children of custom nodes, in waiting.
   IdentityScopeLease scope_;         // Taken at the first opted-in node.
   const uintptr_t stack_limit_ = RecursionGuard::StackLimit();
+  // Read once per flatten: the stock-layout section count is thread-local,
+  // which from a shared library costs a call at every read.
+  const bool keeps_identities_ = registry_.keeps_relative_identities_now();
   // The type of the last leaf that took the whole way (see Flatten); the
   // registry's registrations are not expected to change mid-flatten.
   PyTypeObject* last_leaf_type_ = nullptr;
