@@ -269,6 +269,13 @@ class Flattener {
         traversal_(traversal),
         leaves_(leaves) {}
 
+  bool KeepsIdentitiesNow() {
+    if (keeps_identities_ < 0) {
+      keeps_identities_ = registry_.keeps_relative_identities_now() ? 1 : 0;
+    }
+    return keeps_identities_ == 1;
+  }
+
   void Flatten(nb::handle obj) {
     // Leaves mostly come in runs of one type (a list of arrays or of
     // floats): a leaf of the type of the last one needs neither the
@@ -308,7 +315,7 @@ class Flattener {
     RecursionGuard guard(" in flatten", stack_limit_);
     IdentityScope* scope = nullptr;  // Set for an opted-in node.
     size_t identity_slot = 0;
-    if (KeepsIdentity(node.custom) && keeps_identities_) {
+    if (KeepsIdentity(node.custom) && KeepsIdentitiesNow()) {
       scope = &scope_.Get();
       const IdentityScope::Entry entry = scope->Enter(obj);
       if (!entry.first) {
@@ -505,9 +512,11 @@ class Flattener {
   std::vector<nb::object> pending_;  // Children of custom nodes, in waiting.
   IdentityScopeLease scope_;         // Taken at the first opted-in node.
   const uintptr_t stack_limit_ = RecursionGuard::StackLimit();
-  // Read once per flatten: the stock-layout section count is thread-local,
-  // which from a shared library costs a call at every read.
-  const bool keeps_identities_ = registry_.keeps_relative_identities_now();
+  // Whether this flatten keeps relative identities, read at its first
+  // opted-in node and kept: the stock-layout section count is thread-local,
+  // which from a shared library costs a call at every read, and a plain
+  // tree never needs it. -1 until read.
+  int keeps_identities_ = -1;
   // The type of the last leaf that took the whole way (see Flatten); the
   // registry's registrations are not expected to change mid-flatten.
   PyTypeObject* last_leaf_type_ = nullptr;
