@@ -74,18 +74,17 @@ bool DynamicArgsArePositionalLeaves(JitFunctionObject* self,
     }
   }
   const PyTreeRegistry& registry = *self->registry_instance;
+  LeafTypeMemo& memo = self->leaf_types;
   const size_t epoch = PyTreeRegistry::registration_epoch();
   for (Py_ssize_t i = 0; i < nargs; ++i) {
     if (IsStaticPosition(self->static_argnums, i, nargs)) continue;
-    PyTypeObject* type = Py_TYPE(args[i]);
-    if (self->leaf_type.ptr() == reinterpret_cast<PyObject*>(type) &&
-        self->leaf_type_epoch == epoch) {
-      continue;
-    }
+    PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(args[i]));
+    if (memo.epoch == epoch && memo.Knows(type)) continue;
     const PyTreeRegistry::Registration* custom = nullptr;
-    if (registry.KindOfType(type, &custom) != PyTreeKind::kLeaf) return false;
-    self->leaf_type = nb::borrow(reinterpret_cast<PyObject*>(type));
-    self->leaf_type_epoch = epoch;
+    if (registry.KindOfType(Py_TYPE(args[i]), &custom) != PyTreeKind::kLeaf) {
+      return false;
+    }
+    memo.Remember(type, epoch);
   }
   return true;
 }
@@ -200,24 +199,25 @@ nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
   return nb::steal(result);
 }
 
-// Whether a call is one the last leaf check already answered: no keywords,
-// and every argument of the memoized leaf type while no type has been
-// registered since. The check of every cached call on arrays, so kept to a
-// few loads and compares, with nothing that can fail. Only
-// JitFunctionVectorcall asks, and only objects with a leaf vectorcall (no
-// static argnums) have it in their slot.
+// Whether a call is one the leaf checks already answered: no keywords, and
+// every argument of a memoized leaf type while no type has been registered
+// since. The check of every cached call on arrays, so kept to a few loads
+// and compares, with nothing that can fail; slot 0 first, which holds the
+// type of the first leaf argument found, so that a call on jax Arrays only
+// costs one compare per argument. Only JitFunctionVectorcall asks, and only
+// objects with a leaf vectorcall (no static argnums) have it in their slot.
 bool IsMemoizedLeafCall(const JitFunctionObject* self, PyObject* const* args,
                         Py_ssize_t nargs, PyObject* kwnames) {
+  const LeafTypeMemo& memo = self->leaf_types;
   if (kwnames != nullptr ||
-      self->leaf_type_epoch != PyTreeRegistry::registration_epoch()) {
+      memo.epoch != PyTreeRegistry::registration_epoch()) {
     return false;
   }
-  PyObject* leaf_type = self->leaf_type.ptr();
+  PyObject* first = memo.types[0].ptr();
   // Last to first: the count is its own index, one register less to keep.
   while (nargs-- > 0) {
-    if (reinterpret_cast<PyObject*>(Py_TYPE(args[nargs])) != leaf_type) {
-      return false;
-    }
+    PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(args[nargs]));
+    if (type != first && !memo.Knows(type)) return false;
   }
   return true;
 }

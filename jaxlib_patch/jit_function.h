@@ -9,6 +9,7 @@
 #include <Python.h>
 #include <nanobind/nanobind.h>
 
+#include <array>
 #include <cstddef>
 #include <vector>
 
@@ -22,6 +23,37 @@ namespace nb = nanobind;
 // PjitFunction and DispatchArgs, make_jit_function, split_static_args and
 // positional_statics.
 void BindJitFunction(nb::module_& m);
+
+// A few types known to be leaves of a registry, and the registration epoch
+// (PyTreeRegistry::registration_epoch) in which they were found: a type is
+// known only while that epoch stands. The first type found takes slot 0,
+// which the common call (every argument a jax Array) compares first; later
+// ones replace each other in the other slots. The types are held, so that no
+// other type can take their addresses.
+struct LeafTypeMemo {
+  static constexpr size_t kSlots = 4;
+  std::array<nb::object, kSlots> types;
+  size_t epoch = 0;
+  size_t next_slot = 0;
+
+  // Whether `type` is known; the caller checks the epoch once per call.
+  bool Knows(PyObject* type) const {
+    for (const nb::object& known : types) {
+      if (known.ptr() == type) return true;
+    }
+    return false;
+  }
+  // Records that `type` is a leaf in registration epoch `now`.
+  void Remember(PyObject* type, size_t now) {
+    if (epoch != now) {
+      for (nb::object& known : types) known.reset();
+      epoch = now;
+      next_slot = 0;
+    }
+    types[next_slot] = nb::borrow(type);
+    next_slot = next_slot + 1 < kSlots ? next_slot + 1 : 1;
+  }
+};
 
 // --- The PjitFunction object, for jit_function.cc (its calls) and
 // jit_function_type.cc (its type)
@@ -65,13 +97,11 @@ struct JitFunctionObject {
   // PyTreeDef.__eq__, and no new treedef object is made. Null before the
   // first call.
   nb::object last_treedef;
-  // The type of the last dynamic argument found to be a leaf, and the
-  // registration epoch then (PyTreeRegistry::registration_epoch): while it
-  // stands, no type has become a node, so a call on arguments of this type
-  // (the common one: jax Arrays) skips the registry lookup. Held, so that no
-  // other type can take its address. Null before the first such call.
-  nb::object leaf_type;
-  size_t leaf_type_epoch = 0;
+  // The types of the last dynamic arguments found to be leaves: while the
+  // registration epoch they were found in stands, no type has become a node,
+  // so a call on arguments of these types (jax Arrays, and beside them Python
+  // scalars, numpy arrays or PRNG keys) skips the registry lookups.
+  LeafTypeMemo leaf_types;
 };
 
 // --- jit_function.cc, for jit_function_type.cc

@@ -36,7 +36,7 @@ void JitFunctionDealloc(PyObject* self) {
   o->static_argnums.~vector();
   o->static_argnames.~object();
   o->last_treedef.~object();
-  o->leaf_type.~object();
+  o->leaf_types.~LeafTypeMemo();
   type->tp_free(self);
   Py_DECREF(type);
 }
@@ -55,7 +55,7 @@ int JitFunctionTraverse(PyObject* self, visitproc visit, void* arg) {
   Py_VISIT(o->leaf_dispatch.ptr());
   Py_VISIT(o->static_argnames.ptr());
   Py_VISIT(o->last_treedef.ptr());
-  Py_VISIT(o->leaf_type.ptr());
+  for (const nb::object& type : o->leaf_types.types) Py_VISIT(type.ptr());
   return 0;
 }
 
@@ -74,7 +74,7 @@ int JitFunctionClear(PyObject* self) {
   nb::object leaf_dispatch = std::move(o->leaf_dispatch);
   nb::object static_argnames = std::move(o->static_argnames);
   nb::object last_treedef = std::move(o->last_treedef);
-  nb::object leaf_type = std::move(o->leaf_type);
+  LeafTypeMemo leaf_types = std::move(o->leaf_types);
   Py_CLEAR(o->dict);
   return 0;
 }
@@ -237,7 +237,7 @@ nb::object MakeJitFunction(nb::callable fun, nb::callable make_dispatch,
       o->leaf_vectorcall ? JitFunctionVectorcall : CallThroughFrontDoor;
   new (&o->static_argnames) nb::object(std::move(names));
   new (&o->last_treedef) nb::object();
-  new (&o->leaf_type) nb::object();
+  new (&o->leaf_types) LeafTypeMemo();
   return nb::steal(self);
 }
 
