@@ -140,17 +140,71 @@ class SplitTiesTest(jtu.JaxTestCase):
     )
     self.assertIs(kept[0], kept[1])
 
-  def test_equinox_filter_vmap_reports_a_spec_that_splits_a_node(self):
+  def test_a_loop_body_returning_the_same_values_at_both_places_keeps_the_tie(
+      self,
+  ):
+    # Two nodes around one traced value: nothing tells the places apart.
+    w = Param(jnp.ones(2))
+
+    def step(carry, x):
+      a, b = carry
+      y = a.value * x + b.value
+      return (Param(y), Param(y)), y
+
+    (a, b), ys = jax.lax.scan(step, (w, w), jnp.arange(1.0, 4.0))
+    self.assertIs(a, b)
+    np.testing.assert_allclose(ys[:, 0], [2.0, 6.0, 24.0])
+
+    def body(carry):
+      i, (a, b) = carry
+      y = a.value * 2 + b.value
+      return i + 1, (Param(y), Param(y))
+
+    for loop in (
+        lambda: jax.lax.while_loop(lambda c: c[0] < 3, body, (0, (w, w))),
+        lambda: jax.lax.fori_loop(0, 3, lambda _, c: body(c), (0, (w, w))),
+    ):
+      _, (a, b) = loop()
+      self.assertIs(a, b)
+      np.testing.assert_allclose(a.value, [27.0, 27.0])
+
+  def test_jax_vmap_and_equinox_filter_vmap_agree_on_a_spec_that_splits_a_node(
+      self,
+  ):
     import equinox as eqx  # pylint: disable=g-import-not-at-top
 
     w = Param(jnp.ones((3, 2)))
     pair = Model(w, w, None)
+    twins = Model(Param(w.value), Param(w.value), None)
     spec = (Model(0, None, None),)
-    f = lambda m: m.a.value + m.b.value
-    with self.assertRaises(SharedPrefixError):
+    f = lambda m: jnp.sum(m.a.value) + jnp.sum(m.b.value)
+    # Under "raise" (this class's setting) both refuse, naming both places.
+    with self.assertRaisesRegex(SharedPrefixError, r"args\[0\]\.a and .*\.b"):
       jax.vmap(f, in_axes=spec)(pair)
     with self.assertRaisesRegex(jax.tree_util.SplitTieError, r"\.a and .*\.b"):
       eqx.filter_vmap(f, in_axes=spec)(pair)
+    # By default both split the node into a copy per place, as stock sees
+    # it, compute what stock computes on copies, and say so.
+    jax.config.update("jax_split_ties", "warn")
+    expected = jax.vmap(f, in_axes=spec)(twins)
+    for vmap in (jax.vmap, eqx.filter_vmap):
+      with (
+          self.subTest(vmap.__name__),
+          self.assertWarnsRegex(
+              jax.tree_util.SplitTieWarning, r"\.a and .*\.b"
+          ),
+      ):
+        out = vmap(
+            lambda m: jnp.sum(m.a.value) + jnp.sum(m.b.value), in_axes=spec
+        )(pair)
+      np.testing.assert_array_equal(out, expected)
+    jax.config.update("jax_split_ties", "allow")
+    with warnings.catch_warnings():
+      warnings.simplefilter("error")
+      out = jax.vmap(
+          lambda m: jnp.sum(m.a.value) + jnp.sum(m.b.value), in_axes=spec
+      )(pair)
+    np.testing.assert_array_equal(out, expected)
 
   def test_incidental_aliasing_in_libraries_is_not_reported(self):
     import equinox.internal as eqxi  # pylint: disable=g-import-not-at-top

@@ -11,6 +11,7 @@ from absl.testing import parameterized
 import jax.numpy as jnp
 from jax import lax
 from jax import tree_util
+from jax._src import config
 from jax._src import test_util as jtu
 
 from shared_nodes import Param
@@ -172,19 +173,36 @@ class VmapSharingTest(jtu.JaxTestCase):
     self.assertAllClose(f(self.model), jnp.ones((4, 3)))
 
   def test_conflicting_in_axes(self):
-    with self.assertRaisesRegex(ValueError, "vmap in_axes.*more than once"):
-      jax.vmap(
-          lambda m: m.enc.value,
-          in_axes=(Model(Param(0), Param(None), Param(0)),),
+    spec = (Model(Param(0), Param(None), Param(0)),)
+    f = lambda m: jnp.sum(m.enc.value) + jnp.sum(m.dec.value)
+    with (
+        config.split_ties("raise"),
+        self.assertRaisesRegex(ValueError, "vmap in_axes.*more than once"),
+    ):
+      jax.vmap(f, in_axes=spec)(self.model)
+    # By default each place gets a copy, as on stock, and the user is told.
+    twins = Model(Param(self.p.value), Param(self.p.value), self.model.bias)
+    with self.assertWarns(tree_util.SplitTieWarning):
+      out = jax.vmap(
+          lambda m: jnp.sum(m.enc.value) + jnp.sum(m.dec.value), in_axes=spec
       )(self.model)
+    self.assertAllClose(out, jax.vmap(f, in_axes=spec)(twins))
 
   def test_in_axes_across_arguments(self):
     f = lambda a, b: a.value + b.value
     self.assertAllClose(
         jax.vmap(f, in_axes=(1, 1))(self.p, self.p), jnp.full((3, 4), 2.0)
     )
-    with self.assertRaisesRegex(ValueError, "more than once"):
+    with (
+        config.split_ties("raise"),
+        self.assertRaisesRegex(ValueError, "more than once"),
+    ):
       jax.vmap(f, in_axes=(0, 1))(self.p, self.p)
+    g = lambda a, b: jnp.sum(a.value) + jnp.sum(b.value)
+    with self.assertWarns(tree_util.SplitTieWarning):
+      out = jax.vmap(g, in_axes=(0, None))(self.p, self.p)
+    copy = Param(self.p.value)
+    self.assertAllClose(out, jax.vmap(g, in_axes=(0, None))(self.p, copy))
 
   def test_out_axes(self):
     f = lambda x: (lambda p: Model(p, p, Param(x)))(Param(2 * x))
