@@ -30,15 +30,17 @@ import docs_test
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 VERSION = (ROOT / "VERSION").read_text(encoding="utf-8").strip()
 SERIES = ROOT / "jax_patch" / VERSION / "series"
-# The documents that tell the project's story; docs/benchmarks.md is where
-# their numbers come from.
+# The documents that tell the project's story; docs/benchmarks.md (and its
+# history, docs/benchmarks/) is where their numbers come from. A document
+# split into files is read as all of its files (docs_test.PARTS).
 STORY = ("README.md", "docs/proposal.md", "docs/api.md", "docs/guide.md")
-BENCHMARKS = ROOT / "docs" / "benchmarks.md"
+BENCHMARKS = "docs/benchmarks.md"
 PORTABLE_MARKER = "# Portable: runs on stock JAX and on the patched wheels."
 
 
 def read(doc):
-  return (ROOT / doc).read_text()
+  """The text of a document: of all its files, in reading order."""
+  return "\n".join((ROOT / f).read_text() for f in docs_test.files(doc))
 
 
 def flat(text):
@@ -91,11 +93,8 @@ def test_every_patch_is_in_jax_integration():
 
 def test_every_patch_is_in_the_proposals_audit():
   proposal = read("docs/proposal.md")
-  audit = proposal[
-      proposal.index("**Where JAX relied on trees.**") : proposal.index(
-          "## Alternatives"
-      )
-  ]
+  start = proposal.index("**Where JAX relied on trees.**")
+  audit = proposal[start : proposal.index("## Alternatives", start)]
   named = set(re.findall(r"\b(\d{4})\b", audit))
   missing = [name[:4] for name in patches() if name[:4] not in named]
   assert not missing, f"the proposal's audit names no patch {missing}"
@@ -234,7 +233,7 @@ def test_the_proposals_benchmark_tables_copy_benchmarks_md():
   performance = proposal[
       proposal.index("## Performance") : proposal.index("## How it ships")
   ]
-  measured = set(table_rows(BENCHMARKS.read_text()))
+  measured = set(table_rows(read(BENCHMARKS)))
   rows = table_rows(performance)
   assert len(rows) > 10
   for row in rows:
@@ -286,7 +285,7 @@ QUOTED = {
 
 @pytest.mark.parametrize("doc", sorted(QUOTED))
 def test_quoted_numbers_are_benchmarks_numbers(doc):
-  text, measured = flat(read(doc)), flat(BENCHMARKS.read_text())
+  text, measured = flat(read(doc)), flat(read(BENCHMARKS))
   for number in QUOTED[doc]:
     assert number in text, f"{doc} no longer quotes {number}: update QUOTED"
     # A range the document joins (25.6–32.7x) may be two cells there.
@@ -373,12 +372,14 @@ def slug(heading):
 
 
 def test_links_to_sections_land_on_headings():
-  for doc in STORY:
-    here = ROOT / doc
-    for target, anchor in re.findall(r"\]\(([\w./-]*)#([\w-]+)\)", read(doc)):
-      path = (here.parent / target) if target else here
-      headings = re.findall(r"^#+ (.+)$", path.read_text(), flags=re.M)
-      assert anchor in {slug(h) for h in headings}, f"{doc}: {target}#{anchor}"
+  for doc in STORY + (BENCHMARKS,):
+    for part in docs_test.files(doc):
+      here = ROOT / part
+      text = here.read_text()
+      for target, anchor in re.findall(r"\]\(([\w./-]*)#([\w-]+)\)", text):
+        path = (here.parent / target) if target else here
+        headings = re.findall(r"^#+ (.+)$", path.read_text(), flags=re.M)
+        assert anchor in {slug(h) for h in headings}, f"{part}: {target}#{anchor}"
 
 
 def test_readme_says_what_the_build_and_benchmarks_need():
@@ -389,7 +390,7 @@ def test_readme_says_what_the_build_and_benchmarks_need():
 
 @pytest.mark.parametrize("doc", STORY)
 def test_no_python_block_imports_a_module_twice(doc):
-  for block in docs_test.python_blocks(doc):
+  for _, block in docs_test.document_blocks(doc):
     imports = [
         line.strip()
         for line in block.source.splitlines()
@@ -417,7 +418,7 @@ def test_readme_python_blocks_run():
 def portable_block():
   blocks = [
       b
-      for b in docs_test.python_blocks("docs/guide.md")
+      for _, b in docs_test.document_blocks("docs/guide.md")
       if b.source.startswith(PORTABLE_MARKER)
   ]
   assert len(blocks) == 1, "the guide's portable block is missing"
