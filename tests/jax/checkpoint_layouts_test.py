@@ -1,6 +1,7 @@
 """Every checkpoint layout of a tied model against every load path that
-docs/guide.md ("Checkpoints and moving between stock and patched JAX")
-documents, in both directions, checking which table lands in which field.
+docs/guide/stock-jax-and-checkpoints.md ("Checkpoints and moving between
+stock and patched JAX") documents, in both directions, checking which table
+lands in which field.
 
 The layouts (checkpoint_layouts.py): tied (written from the opted-in model),
 shared (from a model tied with `eqx.nn.Shared`), untied (from a model with
@@ -73,10 +74,11 @@ TARGETS = {
 
 
 def guide_block():
-  """The source of docs/guide.md's block that defines load_leaves."""
+  """The source of the guide's block that defines load_leaves (in one of
+  docs/guide.md's files)."""
   blocks = [
       b.source
-      for b in docs_test.python_blocks("docs/guide.md")
+      for _, b in docs_test.document_blocks("docs/guide.md")
       if "def load_leaves(" in b.source
   ]
   assert len(blocks) == 1, "the guide defines load_leaves in one block"

@@ -1,8 +1,9 @@
 """The ```python blocks of docs/guide.md, docs/api.md and docs/proposal.md run.
 
-Each document's blocks run in order, in one fresh module namespace per
-document (a block may use what an earlier block of the same document
-defined). A block whose fence is preceded (on the last non-blank line) by
+Each of these documents is split into files (PARTS: the top-level file and
+the parts it links, in reading order). A document's blocks run in that
+order, in one fresh module namespace per document (a block may use what an
+earlier block of the same document, in any of its files, defined). A block whose fence is preceded (on the last non-blank line) by
 ``<!-- not run -->`` is skipped; other fences (```sh, ```text, ...) are not
 Python and are never run. The blocks carry their own ``assert``s, so a
 document whose examples no longer match the code fails here.
@@ -20,6 +21,34 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DOCS = ("docs/guide.md", "docs/api.md", "docs/proposal.md")
+# Each long document and the files it is split into, in reading order.
+PARTS = {
+    "docs/guide.md": (
+        "docs/guide.md",
+        "docs/guide/what-to-expect.md",
+        "docs/guide/stock-jax-and-checkpoints.md",
+        "docs/guide/troubleshooting.md",
+    ),
+    "docs/api.md": (
+        "docs/api.md",
+        "docs/api/pytreedef.md",
+        "docs/api/tree-functions.md",
+        "docs/api/transformations.md",
+    ),
+    "docs/proposal.md": (
+        "docs/proposal.md",
+        "docs/proposal/referential-transparency.md",
+        "docs/proposal/alternatives.md",
+        "docs/proposal/upstream-change.md",
+    ),
+    "docs/benchmarks.md": (
+        "docs/benchmarks.md",
+        "docs/benchmarks/history-2026-12-02-to-12-03.md",
+        "docs/benchmarks/history-2026-12-01-to-12-02.md",
+        "docs/benchmarks/history-2026-12-01.md",
+        "docs/benchmarks/history-2026-11.md",
+    ),
+}
 NOT_RUN = "<!-- not run -->"
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 
@@ -67,7 +96,13 @@ def fenced_blocks(text):
   return blocks
 
 
+def files(doc):
+  """The files of a document: itself and its parts, in reading order."""
+  return PARTS.get(doc, (doc,))
+
+
 def python_blocks(doc):
+  """The python blocks of one file (a part is a file of its own)."""
   return [
       b
       for b in fenced_blocks((ROOT / doc).read_text())
@@ -75,9 +110,14 @@ def python_blocks(doc):
   ]
 
 
+def document_blocks(doc):
+  """(file, block) for every python block of a document and its parts."""
+  return [(f, b) for f in files(doc) for b in python_blocks(f)]
+
+
 @pytest.mark.parametrize("doc", DOCS)
 def test_doc_has_python_examples(doc):
-  blocks = python_blocks(doc)
+  blocks = [b for _, b in document_blocks(doc)]
   assert [b for b in blocks if not b.skipped], f"{doc} has no python block"
 
 
@@ -91,18 +131,18 @@ def test_doc_python_blocks_run(doc):
   # pickled by reference, and dataclasses find their module.
   sys.modules[name] = module
   try:
-    for number, block in enumerate(python_blocks(doc), 1):
+    for number, (part, block) in enumerate(document_blocks(doc), 1):
       if block.skipped:
         continue
       # Pad so that line numbers in tracebacks are the Markdown file's.
       source = "\n" * (block.first_line - 1) + block.source
-      code = compile(source, str(path), "exec")
+      code = compile(source, str(ROOT / part), "exec")
       try:
         exec(code, module.__dict__)  # pylint: disable=exec-used
       except BaseException as e:
         raise AssertionError(
-            f"{doc}: python block {number} (line {block.first_line}) failed: "
-            f"{type(e).__name__}: {e}"
+            f"{part}: python block {number} (line {block.first_line}) "
+            f"failed: {type(e).__name__}: {e}"
         ) from e
   finally:
     del sys.modules[name]
@@ -110,15 +150,15 @@ def test_doc_python_blocks_run(doc):
 
 def test_few_blocks_are_marked_not_run():
   skipped = [
-      (doc, b.first_line)
+      (part, b.first_line)
       for doc in DOCS
-      for b in python_blocks(doc)
+      for part, b in document_blocks(doc)
       if b.skipped
   ]
   assert len(skipped) <= 3, f"too many python blocks marked not run: {skipped}"
 
 
-@pytest.mark.parametrize("doc", DOCS)
+@pytest.mark.parametrize("doc", [f for doc in PARTS for f in files(doc)])
 def test_doc_images_and_local_links_exist(doc):
   path = ROOT / doc
   text = path.read_text()
@@ -126,6 +166,29 @@ def test_doc_images_and_local_links_exist(doc):
     if re.match(r"^[a-z]+:", target):
       continue  # a URL
     assert (path.parent / target).exists(), f"{doc} links to missing {target}"
+
+
+@pytest.mark.parametrize("doc", sorted(PARTS))
+def test_split_documents_link_their_parts(doc):
+  # A document split into files links each part from its top-level file,
+  # and no file of it is longer than the project's limit.
+  text = (ROOT / doc).read_text()
+  for part in files(doc)[1:]:
+    relative = pathlib.Path(part).relative_to(pathlib.Path(doc).parent)
+    assert f"]({relative.as_posix()}" in text, f"{doc} does not link {part}"
+  for part in files(doc):
+    lines = len((ROOT / part).read_text().splitlines())
+    assert lines <= 600, f"{part} has {lines} lines"
+
+
+def test_every_part_is_listed():
+  listed = {f for doc in PARTS for f in files(doc)[1:]}
+  on_disk = {
+      p.relative_to(ROOT).as_posix()
+      for doc in PARTS
+      for p in (ROOT / doc).with_suffix("").glob("*.md")
+  }
+  assert listed == on_disk, listed ^ on_disk
 
 
 def test_readme_links_the_docs_and_names_the_plot_command():

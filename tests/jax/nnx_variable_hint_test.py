@@ -20,7 +20,8 @@ import sys
 import docs_test
 
 HERE = pathlib.Path(__file__).resolve().parent
-GUIDE = HERE.parents[1] / "docs" / "guide.md"
+# The guide's files (docs/guide.md and its parts), in reading order.
+GUIDE = [HERE.parents[1] / f for f in docs_test.files("docs/guide.md")]
 
 
 @functools.cache
@@ -36,7 +37,7 @@ def _child_report():
 
 def _guide_section(heading_start):
   """The heading that starts with `heading_start` and its section's text."""
-  text = GUIDE.read_text()
+  text = "\n".join(path.read_text() for path in GUIDE)
   match = re.search(
       rf"^### ({re.escape(heading_start)}[^\n]*)\n(.*?)(?=^##)",
       text,
