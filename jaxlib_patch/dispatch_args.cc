@@ -105,7 +105,7 @@ PyType_Slot dispatch_args_slots[] = {
     {0, nullptr}};
 
 PyType_Spec dispatch_args_spec = {
-    "jaxlib_patch.pytree.DispatchArgs", sizeof(DispatchArgsObject), 0,
+    "jaxlib_patch.pytree.jit.DispatchArgs", sizeof(DispatchArgsObject), 0,
     Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, dispatch_args_slots};
 
 }  // namespace

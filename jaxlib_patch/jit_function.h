@@ -19,10 +19,10 @@ namespace jaxlib_patch {
 
 namespace nb = nanobind;
 
-// Adds the front door to the module (jit_function_type.cc): the types
-// PjitFunction and DispatchArgs, make_jit_function, split_static_args and
-// positional_statics.
-void BindJitFunction(nb::module_& m);
+// Adds the front door to the module as its submodule `jit`
+// (jit_function_type.cc): the types PjitFunction and DispatchArgs,
+// make_jit_function, split_static_args and positional_statics.
+void BindJitFunction(nb::module_& parent);
 
 // A few types known to be leaves of a registry, and the registration epoch
 // (PyTreeRegistry::registration_epoch) in which they were found: a type is

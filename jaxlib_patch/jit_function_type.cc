@@ -203,7 +203,7 @@ PyType_Slot jit_function_slots[] = {
 // Named PjitFunction like stock's, so that messages that name the type read
 // the same; the module tells them apart.
 PyType_Spec jit_function_spec = {
-    "jaxlib_patch.pytree.PjitFunction", sizeof(JitFunctionObject), 0,
+    "jaxlib_patch.pytree.jit.PjitFunction", sizeof(JitFunctionObject), 0,
     Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
         Py_TPFLAGS_DISALLOW_INSTANTIATION,  // make_jit_function builds them
     jit_function_slots};
@@ -243,7 +243,12 @@ nb::object MakeJitFunction(nb::callable fun, nb::callable make_dispatch,
 
 }  // namespace
 
-void BindJitFunction(nb::module_& m) {
+void BindJitFunction(nb::module_& parent) {
+  nb::module_ m = parent.def_submodule(
+      "jit",
+      "jax.jit's front door: the object jax.jit returns, the DispatchArgs it "
+      "hands to the stock dispatch, and the one rule that splits a call's "
+      "arguments into dynamic and static ones.");
   BindDispatchArgs(m);
   jit_function_type =
       reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&jit_function_spec));

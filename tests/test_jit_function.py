@@ -50,7 +50,7 @@ class Recorder:
 def make(static_argnums=(), static_argnames=(), fun=target, leaf=None):
   dispatch = Recorder()
   return (
-      pt.make_jit_function(
+      pt.jit.make_jit_function(
           fun,
           lambda *layout: dispatch,
           REG,
@@ -67,7 +67,7 @@ def test_dynamic_arguments_are_flattened_once():
   node = PNode("n", [1])
   assert jitted(node, 2, b=node) == "result"
   (dispatch_args, *statics), static_kwargs = dispatch.calls[-1]
-  assert type(dispatch_args) is pt.DispatchArgs
+  assert type(dispatch_args) is pt.jit.DispatchArgs
   assert statics == [] and static_kwargs == {}
   assert dispatch_args.leaves == [1, 2]
   assert dispatch_args.treedef == REG.flatten(((node, 2), {"b": node}))[1]
@@ -138,11 +138,11 @@ def test_split_static_args_splits_as_calls_do(argnums, argnames):
     jitted(*args, **kwargs)
     (dispatch_args, *statics), static_kwargs = dispatch.calls[-1]
     dynamic_args, dynamic_kwargs, static_args, split_static_kwargs = (
-        pt.split_static_args(args, kwargs, list(argnums), list(argnames))
+        pt.jit.split_static_args(args, kwargs, list(argnums), list(argnames))
     )
     assert static_args == tuple(statics)
     # Tracing marks the positions that calls split off.
-    flags = pt.positional_statics(len(args), list(argnums))
+    flags = pt.jit.positional_statics(len(args), list(argnums))
     assert len(flags) == len(args) and all(type(f) is bool for f in flags)
     assert tuple(a for a, static in zip(args, flags) if static) == static_args
     assert list(split_static_kwargs.items()) == list(static_kwargs.items())
@@ -153,25 +153,25 @@ def test_split_static_args_splits_as_calls_do(argnums, argnames):
 
 def test_split_static_args_bad_input():
   with pytest.raises(TypeError, match="must be str"):
-    pt.split_static_args((), {0: 1}, [], ["a"])
+    pt.jit.split_static_args((), {0: 1}, [], ["a"])
   with pytest.raises(TypeError):
-    pt.split_static_args([1], {}, [0], [])
+    pt.jit.split_static_args([1], {}, [0], [])
   with pytest.raises(TypeError):
-    pt.split_static_args((1,), {}, ["0"], [])
+    pt.jit.split_static_args((1,), {}, ["0"], [])
 
 
 def test_errors_propagate():
   def failing(*args, **kwargs):
     raise KeyError("from the dispatch")
 
-  jitted = pt.make_jit_function(target, lambda *_: failing, REG, [], [])
+  jitted = pt.jit.make_jit_function(target, lambda *_: failing, REG, [], [])
   with pytest.raises(KeyError, match="from the dispatch"):
     jitted(1)
 
   def no_dispatch(static_argnums, static_argnames):
     raise KeyError("while building the dispatch")
 
-  jitted = pt.make_jit_function(target, no_dispatch, REG, [], [], Recorder())
+  jitted = pt.jit.make_jit_function(target, no_dispatch, REG, [], [], Recorder())
   assert jitted(1) == "result"  # The leaf dispatch: nothing was built.
   with pytest.raises(KeyError, match="while building"):
     jitted(PNode("n", [1]))
@@ -184,17 +184,17 @@ def test_errors_propagate():
 
 def test_bad_construction():
   with pytest.raises(TypeError):
-    pt.make_jit_function(target, Recorder(), object(), [], [])
+    pt.jit.make_jit_function(target, Recorder(), object(), [], [])
   with pytest.raises(TypeError):
-    pt.make_jit_function(target, Recorder(), REG, ["0"], [])
+    pt.jit.make_jit_function(target, Recorder(), REG, ["0"], [])
   with pytest.raises(TypeError):
-    pt.make_jit_function(target, Recorder(), REG, [], [0])
+    pt.jit.make_jit_function(target, Recorder(), REG, [], [0])
   with pytest.raises(TypeError):
-    pt.make_jit_function(target, Recorder(), REG, [], [], "not callable")
+    pt.jit.make_jit_function(target, Recorder(), REG, [], [], "not callable")
   with pytest.raises(TypeError):
-    pt.PjitFunction()
+    pt.jit.PjitFunction()
   with pytest.raises(TypeError):
-    pt.DispatchArgs()
+    pt.jit.DispatchArgs()
 
 
 def test_surface():
@@ -302,7 +302,7 @@ def test_calls_on_positional_leaves_take_the_leaf_dispatch_as_they_are():
     built.append(Recorder())
     return built[-1]
 
-  jitted = pt.make_jit_function(
+  jitted = pt.jit.make_jit_function(
       target, make_dispatch, REG, [1, -1], ["mode"], leaf
   )
   static_node = PNode("n", [2])
@@ -332,7 +332,7 @@ def test_a_type_registered_after_calls_on_it_is_a_node_from_then_on():
   registry = register_all(pt.PyTreeRegistry(), opt_in=True)
   leaf = Recorder("leaf result")
   main = Recorder()
-  jitted = pt.make_jit_function(target, lambda *_: main, registry, [], [], leaf)
+  jitted = pt.jit.make_jit_function(target, lambda *_: main, registry, [], [], leaf)
   assert jitted(Late(1), Late(2)) == "leaf result"
   assert jitted(Late(3)) == "leaf result"  # Remembered as a leaf type.
   registry.register_node(
@@ -353,13 +353,13 @@ def test_without_a_leaf_dispatch_leaves_take_the_main_one():
   jitted, dispatch = make()
   jitted(1)
   (dispatch_args, *statics), _ = dispatch.calls[-1]
-  assert type(dispatch_args) is pt.DispatchArgs and dispatch_args.leaves == [1]
+  assert type(dispatch_args) is pt.jit.DispatchArgs and dispatch_args.leaves == [1]
 
 
 def test_the_main_dispatch_is_built_only_when_needed():
   built = []
   leaf = Recorder()
-  jitted = pt.make_jit_function(
+  jitted = pt.jit.make_jit_function(
       target, lambda *_: built.append(1) or Recorder(), REG, [], [], leaf
   )
   for _ in range(3):
@@ -422,7 +422,7 @@ def test_generated_calls_take_the_leaf_dispatch_exactly_when_all_are_leaves(
   leaf_recorder = Recorder("leaf result")
   leaf_recorder.calls = leaf_calls
   leaf = leaf_function if leaf_is_a_function else leaf_recorder
-  jitted = pt.make_jit_function(
+  jitted = pt.jit.make_jit_function(
       target, lambda *_: main, registry, list(static_argnums), ["mode"], leaf
   )
   registered = set()
