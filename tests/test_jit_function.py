@@ -171,7 +171,9 @@ def test_errors_propagate():
   def no_dispatch(static_argnums, static_argnames):
     raise KeyError("while building the dispatch")
 
-  jitted = pt.jit.make_jit_function(target, no_dispatch, REG, [], [], Recorder())
+  jitted = pt.jit.make_jit_function(
+      target, no_dispatch, REG, [], [], Recorder()
+  )
   assert jitted(1) == "result"  # The leaf dispatch: nothing was built.
   with pytest.raises(KeyError, match="while building"):
     jitted(PNode("n", [1]))
@@ -332,7 +334,9 @@ def test_a_type_registered_after_calls_on_it_is_a_node_from_then_on():
   registry = register_all(pt.PyTreeRegistry(), opt_in=True)
   leaf = Recorder("leaf result")
   main = Recorder()
-  jitted = pt.jit.make_jit_function(target, lambda *_: main, registry, [], [], leaf)
+  jitted = pt.jit.make_jit_function(
+      target, lambda *_: main, registry, [], [], leaf
+  )
   assert jitted(Late(1), Late(2)) == "leaf result"
   assert jitted(Late(3)) == "leaf result"  # Remembered as a leaf type.
   registry.register_node(
@@ -353,7 +357,9 @@ def test_without_a_leaf_dispatch_leaves_take_the_main_one():
   jitted, dispatch = make()
   jitted(1)
   (dispatch_args, *statics), _ = dispatch.calls[-1]
-  assert type(dispatch_args) is pt.jit.DispatchArgs and dispatch_args.leaves == [1]
+  assert type(
+      dispatch_args
+  ) is pt.jit.DispatchArgs and dispatch_args.leaves == [1]
 
 
 def test_the_main_dispatch_is_built_only_when_needed():
