@@ -28,12 +28,22 @@ def oracle(cond, message):
 # misbehaved during the operation (`chaos.fired` unchanged).
 
 
+def flattened(prog, with_path):
+  """One of the program's trees, flattened (with the paths if `with_path`)
+  with a predicate of the program's: (tree, predicate, leaves or pairs,
+  treedef), as many leaves as the treedef counts."""
+  tree = prog.some_tree()
+  pred = prog.predicate(with_path)
+  flatten = prog.reg.flatten_with_path if with_path else prog.reg.flatten
+  items, td = flatten(tree, pred)
+  name = "pairs" if with_path else "leaves"
+  oracle(len(items) == td.num_leaves, f"len({name}) != num_leaves")
+  return tree, pred, items, td
+
+
 def op_flatten(prog):
   f0 = chaos.fired
-  tree = prog.some_tree()
-  pred = prog.predicate(False)
-  leaves, td = prog.reg.flatten(tree, pred)
-  oracle(len(leaves) == td.num_leaves, "len(leaves) != num_leaves")
+  _, pred, leaves, td = flattened(prog, with_path=False)
   prog.keep(td, leaves)
   if chaos.fired != f0 or chaos.rng.random() < 0.5:
     return
@@ -62,10 +72,7 @@ def op_flatten(prog):
 
 def op_flatten_with_path(prog):
   f0 = chaos.fired
-  tree = prog.some_tree()
-  pred = prog.predicate(True)
-  pairs, td = prog.reg.flatten_with_path(tree, pred)
-  oracle(len(pairs) == td.num_leaves, "len(pairs) != num_leaves")
+  tree, pred, pairs, td = flattened(prog, with_path=True)
   if chaos.rng.random() < 0.2:
     # The keys: repr, str, hash, ==, pickle.
     for path, _ in pairs[:4]:
