@@ -72,7 +72,7 @@ import sys
 import time
 
 import children
-import jit_tables
+import result_tables
 from jit_cases import BATCH_CALLS, COMMON_CASES, EXTRA_CASES, KINDS
 from machine import cpu_model
 
@@ -218,7 +218,7 @@ def breakdown_results(runs):
 def parent_main(args):
   runs, elapsed = run_children(args)
   res = dispatch_results(runs)
-  table = jit_tables.dispatch_table(res)
+  table = result_tables.jit_dispatch_table(res)
   print()
   print(table)
   print(
@@ -230,7 +230,7 @@ def parent_main(args):
   targets = check_targets(res)
   print("\nTrace+compile (median over runs; fresh jax.jit each):")
   comp = compile_results(runs)
-  ctable = jit_tables.compile_table(comp)
+  ctable = result_tables.jit_compile_table(comp)
   print(ctable)
   print_checks(runs)
   bd = breakdown_results(runs)

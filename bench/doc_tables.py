@@ -31,7 +31,7 @@ import re
 import sys
 
 import doc_cxx_sizes
-import jit_tables
+import result_tables
 from count_jit_instructions import CASES as COUNT_JIT_CASES
 from md_table import table
 
@@ -130,11 +130,11 @@ JIT_KINDS = ("tree", "scalar")
 
 
 def jit_table(data):
-  return jit_tables.dispatch_table(data["results"])
+  return result_tables.jit_dispatch_table(data["results"])
 
 
 def jit_compile_table(data):
-  return jit_tables.compile_table(data["compile"])
+  return result_tables.jit_compile_table(data["compile"])
 
 
 def jit_first_calls(data):
@@ -232,25 +232,10 @@ def pytree_medians(data):
 
 
 def pytree_table(data):
-  medians = pytree_medians(data)
   cases = list(dict.fromkeys(c["case"] for c in data["cells"]))
-  rows = []
-  for case in cases:
-    for op in PYTREE_OPS:
-      times = [f"{medians[case, op, lib]:.2f}" for lib in PYTREE_LIBRARIES]
-      stock = medians[case, op, "stock"]
-      ratios = [
-          f"{medians[case, op, lib] / stock:.2f}x"
-          for lib in PYTREE_LIBRARIES[1:]
-      ]
-      rows.append((case, op, *times, *ratios))
-  header = (
-      "case",
-      "op",
-      *(f"{lib} µs" for lib in PYTREE_LIBRARIES),
-      *(f"{lib}/stock" for lib in PYTREE_LIBRARIES[1:]),
+  return result_tables.pytree_table(
+      cases, PYTREE_OPS, PYTREE_LIBRARIES, pytree_medians(data)
   )
-  return table(header, rows)
 
 
 # bench_pytree.py's targets, by (library, limit): what each group checks.

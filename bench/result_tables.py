@@ -1,11 +1,12 @@
-"""bench_jit.py's two tables, made from its results as its --json output
-holds them (under "results" and "compile"): bench_jit.py prints them, and
-bench/doc_tables.py puts them in the documents."""
+"""The benchmarks' tables, made from their results as their --json output
+holds them: the benchmark prints them, and bench/doc_tables.py puts them in
+the documents. bench_jit.py's two (from "results" and "compile"), and
+bench_pytree.py's (from "cells")."""
 
 from jit_cases import CASE_LABELS
 from md_table import table
 
-COMPILE_CASES = {
+JIT_COMPILE_CASES = {
     "iv": "(iv) 100 distinct layers",
     "v": "(v) 1 layer shared x100",
 }
@@ -16,7 +17,7 @@ def us(x):
   return f"{x:.1f}" if x == x else "-"
 
 
-def dispatch_table(results):
+def jit_dispatch_table(results):
   """Per cell ("case/kind"): stock's and the patched time and their ratio,
   the median over the run pairs and its range; a cell only the patched
   child times, against the patched (v) of its function."""
@@ -58,7 +59,7 @@ def dispatch_table(results):
   return table(header, rows)
 
 
-def compile_table(compile_results):
+def jit_compile_table(compile_results):
   """Per interpreter and cell ("interpreter:case/kind"): the lowered
   function's HLO parameters, and the milliseconds of its first call."""
   rows = []
@@ -68,7 +69,7 @@ def compile_table(compile_results):
     rows.append(
         (
             interpreter,
-            COMPILE_CASES[case],
+            JIT_COMPILE_CASES[case],
             kind,
             str(c["hlo_params"]),
             f"{c['lower_ms']:.1f}",
@@ -84,5 +85,26 @@ def compile_table(compile_results):
       "trace+lower ms",
       "compile ms",
       "first call ms",
+  )
+  return table(header, rows)
+
+
+def pytree_table(cases, ops, libraries, medians_us):
+  """Per case and op, each library's µs per call, and each one's ratio to
+  the first's (stock's); `medians_us` by (case, op, library)."""
+  rows = []
+  for case in cases:
+    for op in ops:
+      times = [f"{medians_us[case, op, lib]:.2f}" for lib in libraries]
+      stock = medians_us[case, op, libraries[0]]
+      ratios = [
+          f"{medians_us[case, op, lib] / stock:.2f}x" for lib in libraries[1:]
+      ]
+      rows.append((case, op, *times, *ratios))
+  header = (
+      "case",
+      "op",
+      *(f"{lib} µs" for lib in libraries),
+      *(f"{lib}/{libraries[0]}" for lib in libraries[1:]),
   )
   return table(header, rows)
