@@ -28,22 +28,9 @@ def oracle(cond, message):
 # misbehaved during the operation (`chaos.fired` unchanged).
 
 
-def flattened(prog, with_path):
-  """One of the program's trees, flattened (with the paths if `with_path`)
-  with a predicate of the program's: (tree, predicate, leaves or pairs,
-  treedef), as many leaves as the treedef counts."""
-  tree = prog.some_tree()
-  pred = prog.predicate(with_path)
-  flatten = prog.reg.flatten_with_path if with_path else prog.reg.flatten
-  items, td = flatten(tree, pred)
-  name = "pairs" if with_path else "leaves"
-  oracle(len(items) == td.num_leaves, f"len({name}) != num_leaves")
-  return tree, pred, items, td
-
-
 def op_flatten(prog):
   f0 = chaos.fired
-  _, pred, leaves, td = flattened(prog, with_path=False)
+  _, pred, leaves, td = prog.some_flattening(with_path=False)
   prog.keep(td, leaves)
   if chaos.fired != f0 or chaos.rng.random() < 0.5:
     return
@@ -72,7 +59,7 @@ def op_flatten(prog):
 
 def op_flatten_with_path(prog):
   f0 = chaos.fired
-  tree, pred, pairs, td = flattened(prog, with_path=True)
+  tree, pred, pairs, td = prog.some_flattening(with_path=True)
   if chaos.rng.random() < 0.2:
     # The keys: repr, str, hash, ==, pickle.
     for path, _ in pairs[:4]:
