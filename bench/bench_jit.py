@@ -72,7 +72,8 @@ import sys
 import time
 
 import children
-from jit_cases import BATCH_CALLS, CASE_LABELS, COMMON_CASES, EXTRA_CASES, KINDS
+import result_tables
+from jit_cases import BATCH_CALLS, COMMON_CASES, EXTRA_CASES, KINDS
 from machine import cpu_model
 
 
@@ -110,21 +111,8 @@ def med(xs):
   return statistics.median(xs) if xs else float("nan")
 
 
-def fmt_us(x):
-  return f"{x:.1f}" if x == x else "-"
-
-
-def markdown_table(header, rows):
-  """The lines of a markdown table."""
-  return [
-      "| " + " | ".join(header) + " |",
-      "|" + "---|" * len(header),
-  ] + ["| " + " | ".join(row) + " |" for row in rows]
-
-
 def dispatch_results(runs):
-  """Per cell, the median times and the ratios over the run pairs; and the
-  rows of the table that shows them."""
+  """Per cell, the median times and the ratios over the run pairs."""
 
   def pooled(variant, name):
     return med([t for r in runs[variant] for t in r["times_us"].get(name, [])])
@@ -132,7 +120,6 @@ def dispatch_results(runs):
   def per_run(variant, name):
     return [med(r["times_us"].get(name, [])) for r in runs[variant]]
 
-  rows = []
   res = {}
   for case in COMMON_CASES:
     for kind in KINDS:
@@ -150,33 +137,13 @@ def dispatch_results(runs):
           "pooled_ratio": p / s,
           "run_ratios": pr,
       }
-      rows.append(
-          (
-              CASE_LABELS[case],
-              kind,
-              fmt_us(s),
-              fmt_us(p),
-              f"{ratio:.2f}x",
-              f"{min(pr):.2f}-{max(pr):.2f}x",
-          )
-      )
   for case in EXTRA_CASES:
     for kind in KINDS:
       name = f"{case}/{kind}"
       p = pooled("patched", name)
       v = res[f"v/{kind}"]["patched_us"]
       res[name] = {"patched_us": p, "vs_patched_v": p / v}
-      rows.append(
-          (
-              CASE_LABELS[case],
-              kind,
-              "-",
-              fmt_us(p),
-              f"{p / v:.1f}x (v)" if p == p else "-",
-              "",
-          )
-      )
-  return res, rows
+  return res
 
 
 def check_targets(res):
@@ -208,10 +175,8 @@ def check_targets(res):
 
 
 def compile_results(runs):
-  """The HLO parameters and compile times (medians over runs), and the
-  lines of their table."""
+  """The HLO parameters and compile times (medians over runs)."""
   comp = {}
-  rows = []
   for variant in ("stock", "patched"):
     for case in ("iv", "v"):
       for kind in KINDS:
@@ -223,31 +188,7 @@ def compile_results(runs):
         }
         c["hlo_params"] = st[0]["hlo_params"]
         comp[f"{variant}:{name}"] = c
-        label = {
-            "iv": "(iv) 100 distinct layers",
-            "v": "(v) 1 layer shared x100",
-        }[case]
-        rows.append(
-            (
-                variant,
-                label,
-                kind,
-                str(c["hlo_params"]),
-                f"{c['lower_ms']:.1f}",
-                f"{c['compile_ms']:.1f}",
-                f"{c['first_call_ms']:.1f}",
-            )
-        )
-  header = (
-      "interpreter",
-      "case",
-      "fn",
-      "HLO params",
-      "trace+lower ms",
-      "compile ms",
-      "first call ms",
-  )
-  return comp, markdown_table(header, rows)
+  return comp
 
 
 def print_checks(runs):
@@ -276,18 +217,10 @@ def breakdown_results(runs):
 
 def parent_main(args):
   runs, elapsed = run_children(args)
-  res, rows = dispatch_results(runs)
-  header = (
-      "case",
-      "fn",
-      "stock µs",
-      "patched µs",
-      "patched/stock",
-      "range over runs",
-  )
-  table = markdown_table(header, rows)
+  res = dispatch_results(runs)
+  table = result_tables.jit_dispatch_table(res)
   print()
-  print("\n".join(table))
+  print(table)
   print(
       "\nµs: median per call over all batches of all runs. patched/stock: "
       "median over the run pairs (stock run k, patched run k, adjacent in "
@@ -296,8 +229,9 @@ def parent_main(args):
   )
   targets = check_targets(res)
   print("\nTrace+compile (median over runs; fresh jax.jit each):")
-  comp, ctable = compile_results(runs)
-  print("\n".join(ctable))
+  comp = compile_results(runs)
+  ctable = result_tables.jit_compile_table(comp)
+  print(ctable)
   print_checks(runs)
   bd = breakdown_results(runs)
   met = sum(t["met"] for t in targets)
@@ -322,8 +256,8 @@ def parent_main(args):
               "breakdown_ns": bd,
               "compile": comp,
               "targets": targets,
-              "markdown_table": table,
-              "markdown_compile_table": ctable,
+              "markdown_table": table.split("\n"),
+              "markdown_compile_table": ctable.split("\n"),
               "info": {v: runs[v][0]["info"] for v in runs},
               "checks": {v: runs[v][0]["checks"] for v in runs},
               "raw_times_us": {

@@ -54,6 +54,7 @@ from jaxlib._jax import pytree as stock_pytree
 
 import jaxlib_patch.pytree as our_pytree
 
+import result_tables
 from machine import cpu_model
 from pytree_grid import OPS, grid_cells, grid_report, make_grid
 
@@ -279,19 +280,8 @@ def ratio(medians, case, op, library):
 
 def format_table(cases, medians):
   """A Markdown table: microseconds per call, and ratios to stock."""
-  header = (
-      "| case | op | stock µs | ours µs | opt-in µs | optree µs "
-      "| ours/stock | opt-in/stock | optree/stock |"
-  )
-  lines = [header, "|" + "---|" * 9]
-  for case in cases:
-    for op in OPS:
-      times = [f"{medians[case, op, lib] * 1e6:.2f}" for lib in LIBRARIES]
-      ratios = [
-          f"{ratio(medians, case, op, lib):.2f}x" for lib in LIBRARIES[1:]
-      ]
-      lines.append(f"| {case} | {op} | " + " | ".join(times + ratios) + " |")
-  return "\n".join(lines)
+  medians_us = {key: t * 1e6 for key, t in medians.items()}
+  return result_tables.pytree_table(cases, OPS, LIBRARIES, medians_us)
 
 
 def evaluate_targets(cases, medians):
@@ -343,6 +333,8 @@ def machine_info():
 
 
 def parse_args(argv):
+  # Alike in form to count_instructions.py's and doc_tables.py's options,
+  # not in what they are: each script declares its own.
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument(
       "--quick",

@@ -31,8 +31,9 @@ import re
 import sys
 
 import doc_cxx_sizes
+import result_tables
 from count_jit_instructions import CASES as COUNT_JIT_CASES
-from jit_cases import CASE_LABELS as JIT_LABELS
+from md_table import table
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MARKER = re.compile(
@@ -41,17 +42,6 @@ MARKER = re.compile(
     r"(?P<body>.*?)(?P<end><!-- end generated -->)",
     re.S,
 )
-
-
-def row(cells):
-  """One line of a Markdown table."""
-  return "|" + "|".join(f" {c} " if c else " " for c in cells) + "|"
-
-
-def table(header, rows):
-  return "\n".join(
-      [row(header), "|" + "---|" * len(header)] + [row(r) for r in rows]
-  )
 
 
 def count(n):
@@ -140,75 +130,11 @@ JIT_KINDS = ("tree", "scalar")
 
 
 def jit_table(data):
-  rows = []
-  for name, r in data["results"].items():
-    case, kind = name.split("/")
-    if "stock_us" in r:
-      low, high = min(r["run_ratios"]), max(r["run_ratios"])
-      rows.append(
-          (
-              JIT_LABELS[case],
-              kind,
-              f"{r['stock_us']:.1f}",
-              f"{r['patched_us']:.1f}",
-              f"{r['ratio']:.2f}x",
-              f"{low:.2f}-{high:.2f}x",
-          )
-      )
-    else:
-      rows.append(
-          (
-              JIT_LABELS[case],
-              kind,
-              "-",
-              f"{r['patched_us']:.1f}",
-              f"{r['vs_patched_v']:.1f}x (v)",
-              "",
-          )
-      )
-  header = (
-      "case",
-      "fn",
-      "stock µs",
-      "patched µs",
-      "patched/stock",
-      "range over runs",
-  )
-  return table(header, rows)
-
-
-JIT_COMPILE_CASES = {
-    "iv": "(iv) 100 distinct layers",
-    "v": "(v) 1 layer shared x100",
-}
+  return result_tables.jit_dispatch_table(data["results"])
 
 
 def jit_compile_table(data):
-  rows = []
-  for name, c in data["compile"].items():
-    interpreter, cell = name.split(":")
-    case, kind = cell.split("/")
-    rows.append(
-        (
-            interpreter,
-            JIT_COMPILE_CASES[case],
-            kind,
-            str(c["hlo_params"]),
-            f"{c['lower_ms']:.1f}",
-            f"{c['compile_ms']:.1f}",
-            f"{c['first_call_ms']:.1f}",
-        )
-    )
-  header = (
-      "interpreter",
-      "case",
-      "fn",
-      "HLO params",
-      "trace+lower ms",
-      "compile ms",
-      "first call ms",
-  )
-  return table(header, rows)
+  return result_tables.jit_compile_table(data["compile"])
 
 
 def jit_first_calls(data):
@@ -306,25 +232,10 @@ def pytree_medians(data):
 
 
 def pytree_table(data):
-  medians = pytree_medians(data)
   cases = list(dict.fromkeys(c["case"] for c in data["cells"]))
-  rows = []
-  for case in cases:
-    for op in PYTREE_OPS:
-      times = [f"{medians[case, op, lib]:.2f}" for lib in PYTREE_LIBRARIES]
-      stock = medians[case, op, "stock"]
-      ratios = [
-          f"{medians[case, op, lib] / stock:.2f}x"
-          for lib in PYTREE_LIBRARIES[1:]
-      ]
-      rows.append((case, op, *times, *ratios))
-  header = (
-      "case",
-      "op",
-      *(f"{lib} µs" for lib in PYTREE_LIBRARIES),
-      *(f"{lib}/stock" for lib in PYTREE_LIBRARIES[1:]),
+  return result_tables.pytree_table(
+      cases, PYTREE_OPS, PYTREE_LIBRARIES, pytree_medians(data)
   )
-  return table(header, rows)
 
 
 # bench_pytree.py's targets, by (library, limit): what each group checks.

@@ -207,7 +207,8 @@ def run_selfcheck(target: Target, dist: Path, version: str, label: str) -> None:
       ],
       "installing the wheels into the self-check venv",
   )
-  # -I: neither the repository nor build/ is on sys.path, only the venv.
+  # -I: neither the repository nor build/ is on sys.path, only the venv
+  # (and examples/, which selfcheck.py adds for the example's classes).
   run(
       [python, "-I", SELFCHECK, "--version", version, "--label", label],
       "build/selfcheck.py",

@@ -16,6 +16,14 @@ import statistics
 import sys
 import warnings
 
+# The example's classes, from examples/ beside build/: check_gpu.py runs with
+# `python -I`, and tests/jax/check_gpu_test.py loads this file by its path.
+sys.path.insert(
+    0, str(pathlib.Path(__file__).resolve().parents[1] / "examples")
+)
+# pylint: disable-next=wrong-import-position
+from parent_child import Child, Parent, register as register_example
+
 # --lm presets, (vocabulary, width, sequence, batch); "tiny" is the size
 # tests/jax/equinox_tied_lm.py defines, where dispatch dominates, "gpu" one
 # where the device's work does.
@@ -42,19 +50,6 @@ class Conditions:
     return detail
 
 
-class Child:
-
-  def __init__(self, x):
-    self.x = x
-
-
-class Parent:
-
-  def __init__(self, left, right):
-    self.left = left
-    self.right = right
-
-
 class Param:
   """An opted-in wrapper of one array, as a model ties a weight with."""
 
@@ -63,18 +58,10 @@ class Param:
 
 
 def register_nodes(jax):
-  """The demo's classes: Child opted in, Parent not (the sharing is the
+  """The example's classes: Child opted in, Parent not (the sharing is the
   child's); and Param."""
   register = jax.tree_util.register_pytree_node
-  register(
-      Child,
-      lambda c: ((c.x,), None),
-      lambda _, xs: Child(*xs),
-      preserve_relative_identities=True,
-  )
-  register(
-      Parent, lambda p: ((p.left, p.right), None), lambda _, xs: Parent(*xs)
-  )
+  register_example(register)
   register(
       Param,
       lambda p: ((p.value,), None),
@@ -186,12 +173,17 @@ def hlo_parameters(lowered):
   return len(re.findall(r"%arg\d+:", main[1])) if main else None
 
 
+def tied(child):
+  """`child`, and a Parent whose left and right are that one Child."""
+  return child, Parent(child, child)
+
+
 def check_jit(jax):
   import jax.numpy as jnp
 
   c = Conditions()
-  child = Child(jnp.array(2.0))
-  parent = Parent(child, child)
+  child, parent = tied(Child(jnp.array(2.0)))
+  # examples/demo.py's jit calls, which the demo spells out for a reader.
   inside = []
 
   @jax.jit
@@ -221,8 +213,7 @@ def check_grad(jax):
   import jax.numpy as jnp
 
   c = Conditions()
-  child = Child(jnp.array(2.0))
-  parent = Parent(child, child)
+  child, parent = tied(Child(jnp.array(2.0)))
   for how in ("grad", "jit(grad)"):
     inside = []
 
@@ -246,8 +237,7 @@ def check_vmap(jax):
   import numpy as np
 
   c = Conditions()
-  child = Child(jnp.arange(3.0))
-  batched = Parent(child, child)
+  child, batched = tied(Child(jnp.arange(3.0)))
   inside = []
 
   def same(p):

@@ -9,6 +9,7 @@ never calls jax.jit.  Importing this module does nothing.
 import argparse
 import importlib.metadata
 import inspect
+import pathlib
 import sys
 
 
@@ -52,25 +53,14 @@ def check_relative_identities() -> bool:
   if "preserve_relative_identities" not in params:
     return False
 
-  class Child:
-
-    def __init__(self, x):
-      self.x = x
-
-  class Parent:
-
-    def __init__(self, left, right):
-      self.left, self.right = left, right
-
-  jax.tree_util.register_pytree_node(
-      Child,
-      lambda c: ((c.x,), None),
-      lambda _, xs: Child(*xs),
-      preserve_relative_identities=True,
+  # examples/, beside build/ in the checkout: `python -I` leaves it off
+  # sys.path, and nothing in it shadows the installed jax.
+  sys.path.insert(
+      0, str(pathlib.Path(__file__).resolve().parents[1] / "examples")
   )
-  jax.tree_util.register_pytree_node(
-      Parent, lambda p: ((p.left, p.right), None), lambda _, cs: Parent(*cs)
-  )
+  from parent_child import Child, Parent, register
+
+  register(jax.tree_util.register_pytree_node)
 
   child = Child(x=np.array(1.0))
   parent = Parent(left=child, right=child)

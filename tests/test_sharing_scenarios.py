@@ -9,12 +9,21 @@ object passed as two arguments, sharing seen through non-opted-in nodes,
 from __future__ import annotations
 
 import dataclasses
+import pathlib
 import pickle
 import sys
 
 import pytest
 
 from jaxlib_patch import pytree as pt
+
+# The README's Parent/Child (an opted-in Child, shared, in a Parent), as
+# examples/demo.py and the wheels' checks use them.
+sys.path.insert(
+    0, str(pathlib.Path(__file__).resolve().parents[1] / "examples")
+)
+# pylint: disable-next=wrong-import-position
+from parent_child import Child, Parent, register as register_example
 
 
 class Array:
@@ -25,21 +34,6 @@ class Array:
 
   def __repr__(self):
     return f"Array({self.value!r})"
-
-
-class Child:
-  """Opted-in: one array field."""
-
-  def __init__(self, x):
-    self.x = x
-
-
-class Parent:
-  """Opted-in: two sub-module fields."""
-
-  def __init__(self, left, right):
-    self.left = left
-    self.right = right
 
 
 class Module:
@@ -76,18 +70,8 @@ class Fresh:
 
 def make_registry():
   r = pt.PyTreeRegistry()
-  r.register_node(
-      Child,
-      lambda c: ((c.x,), None),
-      lambda _, ch: Child(*ch),
-      preserve_relative_identities=True,
-  )
-  r.register_node(
-      Parent,
-      lambda p: ((p.left, p.right), None),
-      lambda _, ch: Parent(*ch),
-      preserve_relative_identities=True,
-  )
+  # Parent opted in as well, as it always was in these scenarios.
+  register_example(r.register_node, parent_opts_in=True)
   r.register_node(
       Module,
       lambda m: (

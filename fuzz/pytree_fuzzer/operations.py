@@ -30,10 +30,7 @@ def oracle(cond, message):
 
 def op_flatten(prog):
   f0 = chaos.fired
-  tree = prog.some_tree()
-  pred = prog.predicate(False)
-  leaves, td = prog.reg.flatten(tree, pred)
-  oracle(len(leaves) == td.num_leaves, "len(leaves) != num_leaves")
+  _, pred, leaves, td = prog.some_flattening(with_path=False)
   prog.keep(td, leaves)
   if chaos.fired != f0 or chaos.rng.random() < 0.5:
     return
@@ -62,10 +59,7 @@ def op_flatten(prog):
 
 def op_flatten_with_path(prog):
   f0 = chaos.fired
-  tree = prog.some_tree()
-  pred = prog.predicate(True)
-  pairs, td = prog.reg.flatten_with_path(tree, pred)
-  oracle(len(pairs) == td.num_leaves, "len(pairs) != num_leaves")
+  tree, pred, pairs, td = prog.some_flattening(with_path=True)
   if chaos.rng.random() < 0.2:
     # The keys: repr, str, hash, ==, pickle.
     for path, _ in pairs[:4]:

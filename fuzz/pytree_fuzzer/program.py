@@ -240,6 +240,19 @@ class Program:
       leaves, td = [1], self.reg.flatten(1)[1]
     return self.keep(td, leaves)
 
+  def some_flattening(self, with_path):
+    """One of the trees flattened (with the paths if `with_path`) with a
+    predicate: (tree, predicate, leaves or pairs, treedef), as many leaves
+    as the treedef counts."""
+    tree = self.some_tree()
+    pred = self.predicate(with_path)
+    flatten = self.reg.flatten_with_path if with_path else self.reg.flatten
+    items, td = flatten(tree, pred)
+    if len(items) != td.num_leaves:
+      name = "pairs" if with_path else "leaves"
+      raise OracleFailure(f"len({name}) != num_leaves")
+    return tree, pred, items, td
+
   def keep(self, td, leaves):
     entry = (td, leaves)
     self.treedefs.append(entry)

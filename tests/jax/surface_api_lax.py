@@ -125,34 +125,23 @@ def _associative_scan(args, fn, fam):
   return lax.associative_scan(lambda a, b: fn.zip(jnp.add, a, b), args)
 
 
-def _zeros_like_tying(tree):
-  """Scalar zeros, one object per node of `tree`: one init for the two
-  operands of a node that the tree ties."""
-  return nodes.map_nodes(lambda x: jnp.zeros((), x.dtype), tree)
+def _summed(reduce, operands, fn, *shape):
+  """`reduce` (lax.reduce or lax.reduce_window) of `operands` by addition,
+  from scalar zeros: one object per node of `operands`, so that the two
+  operands of a node that the tree ties get one init. `shape`: the
+  dimensions, or the window and its strides and padding."""
+  zeros = nodes.map_nodes(lambda x: jnp.zeros((), x.dtype), operands)
+  return reduce(operands, zeros, lambda a, b: fn.zip(jnp.add, a, b), *shape)
 
 
 @adapter("jax.lax.reduce", n_args=1, diffs=NO_GRAD)
 def _reduce(args, fn, fam):
-  operands = args[0]
-  return lax.reduce(
-      operands,
-      _zeros_like_tying(operands),
-      lambda a, b: fn.zip(jnp.add, a, b),
-      (0,),
-  )
+  return _summed(lax.reduce, args[0], fn, (0,))
 
 
 @adapter("jax.lax.reduce_window", n_args=1, diffs=NO_GRAD)
 def _reduce_window(args, fn, fam):
-  operands = args[0]
-  return lax.reduce_window(
-      operands,
-      _zeros_like_tying(operands),
-      lambda a, b: fn.zip(jnp.add, a, b),
-      (2,),
-      (1,),
-      "VALID",
-  )
+  return _summed(lax.reduce_window, args[0], fn, (2,), (1,), "VALID")
 
 
 @adapter("jax.lax.custom_root")

@@ -89,25 +89,26 @@ def _shared_instances():
   ]
 
 
+def _by_functions(register):
+  """Registration of a class without children by `register`
+  (register_pytree_node or register_pytree_with_keys) and two functions."""
+  return lambda cls, flag: register(
+      cls,
+      lambda o: ((), None),
+      lambda _, __: cls(),
+      preserve_relative_identities=flag,
+  )
+
+
 _REGISTRATIONS = {
-    "register_pytree_node": lambda cls, flag: tree_util.register_pytree_node(
-        cls,
-        lambda o: ((), None),
-        lambda _, __: cls(),
-        preserve_relative_identities=flag,
-    ),
+    "register_pytree_node": _by_functions(tree_util.register_pytree_node),
     "register_pytree_node_class": (
         lambda cls, flag: tree_util.register_pytree_node_class(
             preserve_relative_identities=flag
         )(cls)
     ),
-    "register_pytree_with_keys": (
-        lambda cls, flag: tree_util.register_pytree_with_keys(
-            cls,
-            lambda o: ((), None),
-            lambda _, __: cls(),
-            preserve_relative_identities=flag,
-        )
+    "register_pytree_with_keys": _by_functions(
+        tree_util.register_pytree_with_keys
     ),
     "register_pytree_with_keys_class": (
         lambda cls, flag: tree_util.register_pytree_with_keys_class(
@@ -187,8 +188,8 @@ class RegistrationTest(jtu.JaxTestCase):
     self.assertIsInstance(out[0], type(obj))
 
   def test_decorator_forms_return_the_class(self):
-    @tree_util.register_pytree_node_class
-    class Bare:
+    class Empty:
+      """The methods register_pytree_node_class reads, for both forms."""
 
       def tree_flatten(self):
         return (), None
@@ -196,16 +197,14 @@ class RegistrationTest(jtu.JaxTestCase):
       @classmethod
       def tree_unflatten(cls, aux, children):
         return cls()
+
+    @tree_util.register_pytree_node_class
+    class Bare(Empty):
+      pass
 
     @tree_util.register_pytree_node_class()
-    class Called:
-
-      def tree_flatten(self):
-        return (), None
-
-      @classmethod
-      def tree_unflatten(cls, aux, children):
-        return cls()
+    class Called(Empty):
+      pass
 
     @tree_util.register_dataclass
     @dataclasses.dataclass

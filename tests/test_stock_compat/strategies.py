@@ -88,7 +88,8 @@ class SentinelLeaf:
 
 
 # ---------------------------------------------------------------------------
-# Custom node types.
+# Custom node types: alike in form to tests/nodes.py's, but their own, since
+# each call back is logged for the comparison with stock.
 # ---------------------------------------------------------------------------
 
 

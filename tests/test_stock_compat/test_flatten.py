@@ -307,30 +307,21 @@ def test_dict_keys(keys, flavour, other_keys):
   def at(op, applies):
     return f"test_dict_keys/{op}" if applies else None
 
-  s, _ = both(
-      "flatten",
-      lambda side: side.regs[flavour].flatten(tree),
-      place=at("flatten", in_tree),
-      ctx={"tree": tree},
-  )
-  both(
-      "flatten other",
-      lambda side: side.regs[flavour].flatten(other),
-      place=at("flatten other", in_other),
-      ctx={"other": other},
-  )
-  both(
-      "flatten_with_path",
-      lambda side: side.regs[flavour].flatten_with_path(tree),
-      place=at("flatten_with_path", in_tree),
-      ctx={"tree": tree},
-  )
-  both(
-      "flatten_one_level",
-      lambda side: side.regs[flavour].flatten_one_level(tree),
-      place=at("flatten_one_level", in_tree),
-      ctx={"tree": tree},
-  )
+  def flattened(op, method, name):
+    """Stock's run of the registry's `method` on the dict `name` ("tree" or
+    "other"), once compared with the candidate's."""
+    subject, applies = (tree, in_tree) if name == "tree" else (other, in_other)
+    return both(
+        op,
+        lambda side: getattr(side.regs[flavour], method)(subject),
+        place=at(op, applies),
+        ctx={name: subject},
+    )[0]
+
+  s = flattened("flatten", "flatten", "tree")
+  flattened("flatten other", "flatten", "other")
+  flattened("flatten_with_path", "flatten_with_path", "tree")
+  flattened("flatten_one_level", "flatten_one_level", "tree")
   if s.ok:
     pool = leaf_pool(s.value[1].num_leaves)
     ctx = {"tree": tree, "other": other, "pool": pool}

@@ -135,6 +135,8 @@ def _registry_knows_root(side, flavour, treedef):
   return side.regs[flavour].flatten_one_level(root) is not None
 
 
+# The draws, alike in form to test_treedef_equality_and_hash's, are this
+# test's own: a shared declaration would hide what each test draws.
 @PROPERTY
 @given(
     data=st.data(),

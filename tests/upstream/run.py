@@ -196,13 +196,20 @@ def install_custom_wheels(venv_dir: Path, dist: Path) -> None:
   )
 
 
-def run_side(
-    args, side: str, venv_dir: Path, test_path: Path, stem: str
-) -> SideResult:
-  """Run one test file on one side; its junit xml and log land in OUT."""
-  junit = args.out / f"{stem}.{side}.xml"
-  log = args.out / f"{stem}.{side}.log"
+def report_paths(out: Path, stem: str, side: str) -> tuple[Path, Path]:
+  """The junit xml (an earlier run's removed) and the log of one run in OUT."""
+  junit = out / f"{stem}.{side}.xml"
   junit.unlink(missing_ok=True)
+  return junit, out / f"{stem}.{side}.log"
+
+
+def pytest_command(
+    venv_dir: Path, plugin: str, junit: Path, jobs: str, *options: str
+) -> list[str]:
+  """pytest in the venv with `plugin` (a module of this folder) and
+  `options`, writing its junit xml to `junit`, quiet, on `jobs` xdist
+  workers ('0': no xdist); the caller appends what to test. Shared with
+  run_libraries.py."""
   cmd = [
       str(venv_python(venv_dir)),
       "-P",
@@ -211,18 +218,33 @@ def run_side(
       "-p",
       "no:cacheprovider",
       "-p",
-      "jaxlib_alias",
-      f"--rootdir={args.checkout}",
-      f"--confcutdir={args.checkout}",
-      "-c",
-      str(args.checkout / "pyproject.toml"),
+      plugin,
+      *options,
       f"--junitxml={junit}",
       "-o",
       "junit_family=xunit1",
       "-q",
   ]
-  if args.jobs != "0":
-    cmd += ["-n", args.jobs]
+  if jobs != "0":
+    cmd += ["-n", jobs]
+  return cmd
+
+
+def run_side(
+    args, side: str, venv_dir: Path, test_path: Path, stem: str
+) -> SideResult:
+  """Run one test file on one side; its junit xml and log land in OUT."""
+  junit, log = report_paths(args.out, stem, side)
+  cmd = pytest_command(
+      venv_dir,
+      "jaxlib_alias",
+      junit,
+      args.jobs,
+      f"--rootdir={args.checkout}",
+      f"--confcutdir={args.checkout}",
+      "-c",
+      str(args.checkout / "pyproject.toml"),
+  )
   cmd.append(str(test_path))
   env = dict(
       os.environ,

@@ -142,29 +142,17 @@ def run_side(
 ) -> SideResult:
   """Run one suite on one side; its junit xml and log land in OUT."""
   checkout = args.checkouts.get(name)
-  junit = args.out / f"{name}.{side}.xml"
-  log = args.out / f"{name}.{side}.log"
-  junit.unlink(missing_ok=True)
-  cmd = [
-      str(venv_python(venv_dir)),
-      "-P",
-      "-m",
-      "pytest",
-      "-p",
-      "no:cacheprovider",
-      "-p",
+  junit, log = run.report_paths(args.out, name, side)
+  config = [] if checkout is None else ["-c", str(checkout / "pyproject.toml")]
+  cmd = run.pytest_command(
+      venv_dir,
       "opt_in_plugin",
+      junit,
+      args.jobs,
       # A suite without a checkout runs from OUT, which holds no configuration.
       f"--rootdir={checkout or args.out}",
-      f"--junitxml={junit}",
-      "-o",
-      "junit_family=xunit1",
-      "-q",
-  ]
-  if checkout is not None:
-    cmd += ["-c", str(checkout / "pyproject.toml")]
-  if args.jobs != "0":
-    cmd += ["-n", args.jobs]
+      *config,
+  )
   if suite.test_path is None:
     cmd += ["--pyargs", suite.package]
   else:
@@ -212,20 +200,17 @@ def parse_args(argv):
       help="folder holding the custom jax and jaxlib wheels",
   )
   # Outside the repository, beside the checkout (docs/compatibility.md).
-  parser.add_argument(
-      "--stock-venv",
-      type=Path,
-      default=run.REPO.parent / "venv-lib-stock",
-      help="venv of stock jax and jaxlib (default: venv-lib-stock beside "
-      "the checkout)",
-  )
-  parser.add_argument(
-      "--ours-venv",
-      type=Path,
-      default=run.REPO.parent / "venv-lib-ours",
-      help="venv of the custom wheels (default: venv-lib-ours beside the "
-      "checkout)",
-  )
+  for side, holding in (
+      ("stock", "stock jax and jaxlib"),
+      ("ours", "the custom wheels"),
+  ):
+    parser.add_argument(
+        f"--{side}-venv",
+        type=Path,
+        default=run.REPO.parent / f"venv-lib-{side}",
+        help=f"venv of {holding} (default: venv-lib-{side} beside the "
+        "checkout)",
+    )
   parser.add_argument(
       "--out",
       type=Path,
