@@ -154,12 +154,12 @@ void BindRegistry(nb::module_& m) {
            "cannot be opted in.",
            nb::sig("def preserve_relative_identities(self, type: type, /) "
                    "-> None"))
-      .def("preserves_relative_identities",
-           &PyTreeRegistry::HasRelativeIdentities, nb::arg("type").none(),
+      .def("has_relative_identities", &PyTreeRegistry::HasRelativeIdentities,
+           nb::arg("type").none(),
            "Whether nodes of `type` keep relative identities: it is "
            "registered with preserve_relative_identities=True, or it or a "
            "base class was given to preserve_relative_identities().",
-           nb::sig("def preserves_relative_identities(self, type: type, /) "
+           nb::sig("def has_relative_identities(self, type: type, /) "
                    "-> bool"))
       .def(
           "__reduce__", [](nb::handle self) { return self.attr("__name__"); },
@@ -238,6 +238,16 @@ void DefSharingQueries(nb::class_<PyTreeDef>& cls) {
            "(`td.unshared()` shares none), else ValueError.",
            nb::sig("def expansion_indices(self, finer: PyTreeDef) -> "
                    "list[int]"))
+      .def("expand_leaves", &PyTreeDef::ExpandLeaves, nb::arg("finer"),
+           nb::arg("leaves"),
+           "The leaves of `finer` made from `leaves`, one per leaf of this "
+           "treedef: `finer.unflatten(td.expand_leaves(finer, leaves))` is "
+           "`td.unflatten(leaves)` laid out as `finer`, each of this "
+           "treedef's leaves written at each of its places there. `finer` as "
+           "for expansion_indices; a count of `leaves` other than num_leaves "
+           "is a ValueError.",
+           nb::sig("def expand_leaves(self, finer: PyTreeDef, leaves: "
+                   "typing.Iterable[typing.Any], /) -> list[typing.Any]"))
       .def("sharing_where_leaves_agree", &PyTreeDef::SharingWhereLeavesAgree,
            nb::arg("leaf_classes"),
            "This tree, sharing a node only where this treedef shares it and "

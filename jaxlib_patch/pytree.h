@@ -325,6 +325,9 @@ class PyTreeDef {
   // place. `finer` is this tree, sharing where this one does or less
   // (ValueError otherwise, naming the place).
   std::vector<Py_ssize_t> ExpansionIndices(const PyTreeDef& finer) const;
+  // The leaves of `finer` from `leaves`, one per leaf of this treedef: each
+  // written at each of its places in `finer` (ValueError on another count).
+  nb::list ExpandLeaves(const PyTreeDef& finer, nb::handle leaves) const;
   // The tree of this treedef and `other` (the same tree but for sharing, else
   // ValueError), sharing a node only where both do.
   PyTreeDef CommonSharing(const PyTreeDef& other) const;

@@ -397,6 +397,29 @@ std::vector<Py_ssize_t> PyTreeDef::ExpansionIndices(
   return ExpansionWalk(*this, finer).Run();
 }
 
+nb::list PyTreeDef::ExpandLeaves(const PyTreeDef& finer,
+                                 nb::handle leaves) const {
+  const std::vector<Py_ssize_t> indices = ExpansionIndices(finer);
+  // A snapshot: another thread may change a list while it is read.
+  nb::object given = nb::steal(PySequence_Tuple(leaves.ptr()));
+  if (!given.is_valid()) throw nb::python_error();
+  const Py_ssize_t count = PyTuple_GET_SIZE(given.ptr());
+  if (count != num_leaves()) {
+    throw nb::value_error(("expand_leaves: expected " +
+                           std::to_string(num_leaves()) +
+                           " leaves, one per leaf of this PyTreeDef, got " +
+                           std::to_string(count) + ".")
+                              .c_str());
+  }
+  nb::list expanded = nb::steal<nb::list>(PyList_New(indices.size()));
+  if (!expanded.is_valid()) throw nb::python_error();
+  for (size_t k = 0; k < indices.size(); ++k) {
+    PyList_SET_ITEM(expanded.ptr(), k,
+                    Py_NewRef(PyTuple_GET_ITEM(given.ptr(), indices[k])));
+  }
+  return expanded;
+}
+
 PyTreeDef PyTreeDef::CommonSharing(const PyTreeDef& other) const {
   RequireNoExternalReferences(*this, "intersect");
   RequireNoExternalReferences(other, "intersect with");

@@ -1,6 +1,6 @@
 """Property tests of the queries that relate two sharings of one tree:
-``unshared()``, ``expansion_indices(finer)``, ``common_sharing(other)`` and
-``sharing_difference(other)``, on sharing_model.py's random DAGs, against
+``unshared()``, ``expansion_indices(finer)``, ``expand_leaves(finer,
+leaves)``, ``common_sharing(other)`` and ``sharing_difference(other)``, on sharing_model.py's random DAGs, against
 its model; and their errors on other trees and deep ones.
 """
 
@@ -57,11 +57,28 @@ def test_expansion_indices_reads_a_less_shared_form(x, data):
   broken_leaves, broken_td = flatten(broken)
   indices = td.expansion_indices(broken_td)
   assert all(leaves[i] is leaf for i, leaf in zip(indices, broken_leaves))
-  rebuilt = broken_td.unflatten([leaves[i] for i in indices])
+  expanded = td.expand_leaves(broken_td, leaves)
+  assert len(expanded) == len(indices)
+  assert all(e is leaves[i] for e, i in zip(expanded, indices))
+  rebuilt = broken_td.unflatten(expanded)
   assert expanded_signature(rebuilt) == expanded_signature(broken)
   if broken_td != td:
     with pytest.raises(ValueError, match="PyTree sharing mismatch"):
       broken_td.expansion_indices(td)
+    with pytest.raises(ValueError, match="PyTree sharing mismatch"):
+      broken_td.expand_leaves(td, broken_leaves)
+
+
+def test_expand_leaves_refuses_another_count_of_leaves():
+  c = KNode("c", [Leaf(), Leaf()])
+  leaves, td = flatten((c, c))
+  apart = td.unshared()
+  assert td.expand_leaves(apart, iter(leaves)) == leaves + leaves
+  for count in (len(leaves) - 1, len(leaves) + 1):
+    with pytest.raises(ValueError, match=f"expected 2 leaves.*got {count}"):
+      td.expand_leaves(apart, [0] * count)
+  with pytest.raises(TypeError):
+    td.expand_leaves(apart, 3)
 
 
 @SETTINGS
@@ -77,7 +94,7 @@ def test_common_sharing_shares_where_both_do(x, data):
   assert td.common_sharing(td) == td
   assert common.common_sharing(td) == common
   assert common.unshared() == td.unshared()
-  rebuilt = common.unflatten([leaves[i] for i in td.expansion_indices(common)])
+  rebuilt = common.unflatten(td.expand_leaves(common, leaves))
   assert expanded_signature(rebuilt) == (
       expanded_signature(x) & expanded_signature(other)
   )
