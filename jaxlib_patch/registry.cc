@@ -171,7 +171,7 @@ void PyTreeRegistry::OptInRelativeIdentities(nb::handle type) {
 }
 
 bool PyTreeRegistry::HasRelativeIdentities(nb::handle type) const {
-  PyTypeObject* cls = CheckType(type, "preserves_relative_identities");
+  PyTypeObject* cls = CheckType(type, "has_relative_identities");
   const Registration* custom = nullptr;
   const PyTreeKind kind = KindOfType(cls, &custom);
   if (custom != nullptr) return KeepsIdentity(custom);

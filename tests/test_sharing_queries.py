@@ -1,7 +1,7 @@
 """What the C++ tells about sharing: the treedef and registry queries.
 
 ``PyTreeDef.has_shared_nodes``, ``has_external_references``, ``is_reference``
-and ``shared_references()``, and ``PyTreeRegistry.preserves_relative_identities``
+and ``shared_references()``, and ``PyTreeRegistry.has_relative_identities``
 / ``preserve_relative_identities`` (docs/api.md, "Sharing queries").
 """
 
@@ -120,11 +120,11 @@ def test_composed_copies_do_not_share_with_each_other(registry):
 
 
 def test_preserves_relative_identities_follows_the_registration(registry):
-  assert registry.preserves_relative_identities(PNode)
-  assert not registry.preserves_relative_identities(Box)
-  assert not registry.preserves_relative_identities(int)  # a leaf
+  assert registry.has_relative_identities(PNode)
+  assert not registry.has_relative_identities(Box)
+  assert not registry.has_relative_identities(int)  # a leaf
   for builtin in (tuple, list, dict, type(None)):
-    assert not registry.preserves_relative_identities(builtin)
+    assert not registry.has_relative_identities(builtin)
 
 
 def test_preserves_relative_identities_of_a_dataclass():
@@ -134,13 +134,13 @@ def test_preserves_relative_identities_of_a_dataclass():
 
   r = pt.PyTreeRegistry()
   r.register_dataclass_node(Point, ["x"], [], preserve_relative_identities=True)
-  assert r.preserves_relative_identities(Point)
+  assert r.has_relative_identities(Point)
 
 
 @pytest.mark.parametrize("bad", [PNode("b", [1]), "PNode", None, 3])
 def test_registry_queries_reject_a_non_class(registry, bad):
   with pytest.raises(TypeError, match="expects a class"):
-    registry.preserves_relative_identities(bad)
+    registry.has_relative_identities(bad)
   with pytest.raises(TypeError, match="expects a class"):
     registry.preserve_relative_identities(bad)
 
@@ -175,13 +175,13 @@ def test_opt_in_reaches_registered_and_later_subclasses():
   early = Early(1)
   _, before = r.flatten([early, early])
   assert not before.has_shared_nodes
-  assert not r.preserves_relative_identities(Base)
+  assert not r.has_relative_identities(Base)
 
   r.preserve_relative_identities(Base)  # Base itself is not registered
-  assert r.preserves_relative_identities(Base)
-  assert r.preserves_relative_identities(Early)
-  assert r.preserves_relative_identities(Late)  # once registered
-  assert not r.preserves_relative_identities(Other)
+  assert r.has_relative_identities(Base)
+  assert r.has_relative_identities(Early)
+  assert r.has_relative_identities(Late)  # once registered
+  assert not r.has_relative_identities(Other)
   assert not r.is_node(Base)  # the opt-in does not register anything
 
   leaves, after = r.flatten([early, early])
@@ -224,8 +224,8 @@ def test_opt_in_is_per_registry():
   register(r1, Early)
   register(r2, Early)
   r1.preserve_relative_identities(Base)
-  assert r1.preserves_relative_identities(Early)
-  assert not r2.preserves_relative_identities(Early)
+  assert r1.has_relative_identities(Early)
+  assert not r2.has_relative_identities(Early)
 
 
 @pytest.mark.parametrize("builtin", [tuple, list, dict, type(None)])
@@ -233,7 +233,7 @@ def test_builtin_nodes_cannot_be_opted_in(builtin):
   r = pt.PyTreeRegistry()
   with pytest.raises(ValueError, match="builtin pytree node"):
     r.preserve_relative_identities(builtin)
-  assert not r.preserves_relative_identities(builtin)
+  assert not r.has_relative_identities(builtin)
 
 
 def test_opting_in_object_is_refused():
@@ -242,7 +242,7 @@ def test_opting_in_object_is_refused():
   register(r, Other)
   with pytest.raises(ValueError, match="base class of the builtin pytree"):
     r.preserve_relative_identities(object)
-  assert not r.preserves_relative_identities(Other)
+  assert not r.has_relative_identities(Other)
 
 
 def test_namedtuple_classes_cannot_be_opted_in():
@@ -252,7 +252,7 @@ def test_namedtuple_classes_cannot_be_opted_in():
   r = pt.PyTreeRegistry()
   with pytest.raises(ValueError, match="builtin pytree node"):
     r.preserve_relative_identities(Point)
-  assert not r.preserves_relative_identities(Point)
+  assert not r.has_relative_identities(Point)
 
 
 def test_registry_keeps_opted_in_classes_alive_and_visible_to_gc():
@@ -308,7 +308,7 @@ def test_concurrent_opt_in_and_registration_miss_no_subclass():
   r.preserve_relative_identities(Root)
   for t in threads:
     t.join()
-  assert all(r.preserves_relative_identities(cls) for cls in subclasses)
+  assert all(r.has_relative_identities(cls) for cls in subclasses)
   assert all(
       r.flatten([o, o])[1].has_shared_nodes
       for o in (cls() for cls in subclasses)

@@ -49,7 +49,7 @@ def test_the_flag_is_a_keyword_and_a_query():
   assert not STOCK_LAYOUT.keeps_relative_identities
   assert not STOCK_LAYOUT.flatten([1])[1].keeps_relative_identities
   assert KEEPING.flatten([1])[1].keeps_relative_identities
-  assert STOCK_LAYOUT.preserves_relative_identities(nodes.PNode)
+  assert STOCK_LAYOUT.has_relative_identities(nodes.PNode)
 
 
 @settings(max_examples=150, deadline=None)

@@ -23,7 +23,7 @@ class RefusalReasonsTest(jtu.JaxTestCase):
   def _reason(self, cls):
     with self.assertRaises(ValueError) as caught:
       tree_util.preserve_relative_identities(cls)
-    self.assertFalse(tree_util.preserves_relative_identities(cls))
+    self.assertFalse(tree_util.has_relative_identities(cls))
     return str(caught.exception)
 
   def test_object_is_refused_as_the_base_of_every_class(self):

@@ -1,6 +1,6 @@
 """jax.tree_util.preserve_relative_identities(cls): opting in classes that
 are registered already (as libraries register theirs), with their subclasses,
-and the query preserves_relative_identities.
+and the query has_relative_identities.
 
 Opting in cannot be undone, so every test makes its own class hierarchy.
 """
@@ -65,12 +65,12 @@ class PreserveRelativeIdentitiesTest(jtu.JaxTestCase):
     Module, Linear, Model = make_hierarchy()
     layer = Linear(jnp.ones(2))
     self.assertLen(jax.tree.leaves(Model(layer, layer)), 2)
-    self.assertFalse(tree_util.preserves_relative_identities(Linear))
+    self.assertFalse(tree_util.has_relative_identities(Linear))
 
     tree_util.preserve_relative_identities(Module)
 
     for cls in (Module, Linear, Model):
-      self.assertTrue(tree_util.preserves_relative_identities(cls))
+      self.assertTrue(tree_util.has_relative_identities(cls))
     model = Model(layer, layer)
     self.assertLen(jax.tree.leaves(model), 1)
     out = jax.tree.map(lambda w: w * 2, model)
@@ -81,7 +81,7 @@ class PreserveRelativeIdentitiesTest(jtu.JaxTestCase):
       def __init__(self, k):
         self.k = k
 
-    self.assertTrue(tree_util.preserves_relative_identities(Conv))
+    self.assertTrue(tree_util.has_relative_identities(Conv))
     conv = Conv(jnp.zeros(3))
     self.assertLen(jax.tree.leaves([conv, conv]), 1)
 
@@ -100,7 +100,7 @@ class PreserveRelativeIdentitiesTest(jtu.JaxTestCase):
       # Every registry of ours records the opt-in; those that keep relative
       # identities (the entry points') flatten the layer once, the others
       # (JAX's own, in stock's layout) at each place.
-      self.assertTrue(registry.preserves_relative_identities(Linear))
+      self.assertTrue(registry.has_relative_identities(Linear))
       self.assertEqual(
           registry.flatten([layer, layer])[1].has_shared_nodes,
           registry.keeps_relative_identities,
@@ -174,7 +174,7 @@ class PreserveRelativeIdentitiesTest(jtu.JaxTestCase):
 
   def test_query_of_builtins_and_plain_classes(self):
     for cls in (tuple, list, dict, type(None), int, object):
-      self.assertFalse(tree_util.preserves_relative_identities(cls))
+      self.assertFalse(tree_util.has_relative_identities(cls))
 
   def test_bad_arguments(self):
     _, Linear, _ = make_hierarchy()
@@ -182,7 +182,7 @@ class PreserveRelativeIdentitiesTest(jtu.JaxTestCase):
       with self.assertRaisesRegex(TypeError, "expects a class"):
         tree_util.preserve_relative_identities(bad)
       with self.assertRaisesRegex(TypeError, "expects a class"):
-        tree_util.preserves_relative_identities(bad)
+        tree_util.has_relative_identities(bad)
     for builtin in (tuple, list, dict, type(None)):
       with self.assertRaisesRegex(ValueError, "builtin pytree node"):
         tree_util.preserve_relative_identities(builtin)
@@ -194,14 +194,14 @@ class PreserveRelativeIdentitiesTest(jtu.JaxTestCase):
     for leaf_type in (jax.Array, np.ndarray, np.float32, int, float):
       with self.assertRaisesRegex(ValueError, "never pytree nodes"):
         tree_util.preserve_relative_identities(leaf_type)
-      self.assertFalse(tree_util.preserves_relative_identities(leaf_type))
+      self.assertFalse(tree_util.has_relative_identities(leaf_type))
     # object would opt in every class registered from then on.
     with self.assertRaisesRegex(ValueError, "object"):
       tree_util.preserve_relative_identities(object)
     Point = collections.namedtuple("Point", "x y")
     with self.assertRaisesRegex(ValueError, "builtin pytree node"):
       tree_util.preserve_relative_identities(Point)
-    self.assertFalse(tree_util.preserves_relative_identities(Point))
+    self.assertFalse(tree_util.has_relative_identities(Point))
 
   def test_same_api_in_both_modules(self):
     self.assertIs(
@@ -209,8 +209,8 @@ class PreserveRelativeIdentitiesTest(jtu.JaxTestCase):
         tree_util_internal.preserve_relative_identities,
     )
     self.assertIs(
-        tree_util.preserves_relative_identities,
-        tree_util_internal.preserves_relative_identities,
+        tree_util.has_relative_identities,
+        tree_util_internal.has_relative_identities,
     )
 
   def test_registries_keep_opted_in_classes_for_gc(self):

@@ -25,7 +25,7 @@ NAMESPACES = (
 OPT_IN_API = frozenset(
     {
         "jax.tree_util.preserve_relative_identities",
-        "jax.tree_util.preserves_relative_identities",
+        "jax.tree_util.has_relative_identities",
         "jax.tree_util.tree_retie",
         "jax.tree_util.tree_unshare",
         "jax.tree_util.SplitTieError",

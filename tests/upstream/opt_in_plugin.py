@@ -89,7 +89,7 @@ def _test_module_classes(module_names, candidates):
   for cls in candidates:
     if cls.__module__ not in module_names or not issubclass(cls, _bases):
       continue
-    if tree_util.preserves_relative_identities(cls):
+    if tree_util.has_relative_identities(cls):
       found.add(cls)
     else:
       missed.add(f"{cls.__module__}.{cls.__qualname__}")
