@@ -168,6 +168,34 @@ class SplitTiesTest(jtu.JaxTestCase):
       self.assertIs(a, b)
       np.testing.assert_allclose(a.value, [27.0, 27.0])
 
+  def test_branches_returning_the_same_values_at_both_places_keep_the_tie(
+      self,
+  ):
+    w = Param(jnp.array([1.0, 2.0]))
+    tied = lambda a: (a, a)
+    same = lambda a: (a, Param(a.value))  # one traced value at both places
+    other = lambda a: (a, Param(a.value + 1))
+    for pred in (True, False):
+      first, second = jax.lax.cond(pred, tied, same, w)
+      self.assertIs(first, second)
+      first, second = jax.lax.cond(pred, tied, other, w)
+      self.assertIsNot(first, second)
+      np.testing.assert_allclose(
+          second.value, [1.0, 2.0] if pred else [2.0, 3.0]
+      )
+    for index in range(3):
+      first, second = jax.lax.switch(
+          index, [tied, same, lambda a: (Param(a.value), Param(a.value))], w
+      )
+      self.assertIs(first, second)
+    # One object at both places: its gradient is the sum over them.
+    grad = jax.grad(
+        lambda w: jnp.sum(
+            sum(x.value for x in jax.lax.cond(True, tied, same, w))
+        )
+    )(w)
+    np.testing.assert_allclose(grad.value, [2.0, 2.0])
+
   def test_jax_vmap_and_equinox_filter_vmap_agree_on_a_spec_that_splits_a_node(
       self,
   ):
