@@ -139,10 +139,12 @@ def breakdown(jitted, trees, patched, rounds):
   f_i, x_i = jitted["i/tree"], trees["i"]
   parts = {"f(x)": lambda: f_i(x_i)}
   if patched:
+    from jax._src import jit_front_door
     from jax._src import tree_util as src_tree_util
 
-    flat = src_tree_util.tracing_registry.flatten
-    DA = src_tree_util.DispatchArgs
+    # As the front door flattens a call and hands it to the stock dispatch.
+    flat = src_tree_util.identity_tracing_registry.flatten
+    DA = jit_front_door.DispatchArgs
     leaves_i, td_i = flat(((x_i,), {}))
     parts.update(
         {
