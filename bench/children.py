@@ -19,11 +19,20 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 SIDES = ("stock", "patched")
 
 
+def interpreter_path(path):
+  """An interpreter given on the command line, made absolute where it is a
+  relative path: children run from another folder (`/`), so that the
+  checkout cannot shadow the installed packages. A bare name is looked up on
+  PATH as it is."""
+  return os.path.abspath(path) if os.sep in path else path
+
+
 def add_interpreter_arguments(parser):
   """--stock-python (default $JAXLIB_PATCH_STOCK_PYTHON, else the test venv)
   and --patched-python (default the venv of the custom wheels)."""
   parser.add_argument(
       "--stock-python",
+      type=interpreter_path,
       default=os.environ.get(
           "JAXLIB_PATCH_STOCK_PYTHON", str(ROOT / ".venv-test/bin/python")
       ),
@@ -32,6 +41,7 @@ def add_interpreter_arguments(parser):
   )
   parser.add_argument(
       "--patched-python",
+      type=interpreter_path,
       default=str(ROOT / ".venv-jax/bin/python"),
       help="interpreter with the custom wheels (default: the checkout's "
       ".venv-jax)",
