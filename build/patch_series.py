@@ -54,8 +54,9 @@ def git(cwd: Path, *args: str, stdin: str | None = None) -> str:
 
 
 def split_patch(text: str) -> tuple[str, str]:
-  """A patch file's description and its diff."""
-  at = re.search(r"^--- a/", text, re.MULTILINE)
+  """A patch file's description and its diff, which starts at its first
+  file: an existing one (`--- a/...`) or a new one (`--- /dev/null`)."""
+  at = re.search(r"^--- (a/|/dev/null$)", text, re.MULTILINE)
   if at is None:
     sys.exit("a patch file without a diff")
   return text[: at.start()].strip("\n"), text[at.start() :]

@@ -61,6 +61,23 @@ def test_series_lists_every_patch_file():
   assert patches() == files
 
 
+def test_patch_series_reads_each_description_up_to_the_first_file():
+  # A checkout puts each patch's description in its commit's message and
+  # export writes message and diff back: a description that took in a new
+  # file's diff (`--- /dev/null`) came back with that diff twice.
+  sys.path.insert(0, str(ROOT / "build"))
+  try:
+    import patch_series  # pylint: disable=g-import-not-at-top
+  finally:
+    sys.path.pop(0)
+  for name in patches():
+    description, diff = patch_series.split_patch(
+        (SERIES.parent / name).read_text()
+    )
+    assert not re.search(r"^(--- |\+\+\+ |@@ )", description, re.M), name
+    assert diff.startswith("--- "), name
+
+
 def test_patch_count_the_docs_state():
   counts = {
       doc: [int(n) for n in re.findall(r"\b(\d+) patches\b", flat(read(doc)))]
