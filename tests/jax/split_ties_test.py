@@ -206,9 +206,14 @@ class SplitTiesTest(jtu.JaxTestCase):
     twins = Model(Param(w.value), Param(w.value), None)
     spec = (Model(0, None, None),)
     f = lambda m: jnp.sum(m.a.value) + jnp.sum(m.b.value)
-    # Under "raise" (this class's setting) both refuse, naming both places.
-    with self.assertRaisesRegex(SharedPrefixError, r"args\[0\]\.a and .*\.b"):
+    # Under "raise" (this class's setting) both refuse with a SplitTieError,
+    # naming both places; jax.vmap's is also the SharedPrefixError it words.
+    with self.assertRaisesRegex(
+        jax.tree_util.SplitTieError, r"args\[0\]\.a and .*\.b"
+    ) as refused:
       jax.vmap(f, in_axes=spec)(pair)
+    self.assertIsInstance(refused.exception, SharedPrefixError)
+    self.assertEqual(refused.exception.values, (0, None))
     with self.assertRaisesRegex(jax.tree_util.SplitTieError, r"\.a and .*\.b"):
       eqx.filter_vmap(f, in_axes=spec)(pair)
     # By default both split the node into a copy per place, as stock sees
