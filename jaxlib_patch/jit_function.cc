@@ -78,12 +78,10 @@ bool DynamicArgsArePositionalLeaves(JitFunctionObject* self,
   const size_t epoch = PyTreeRegistry::registration_epoch();
   for (Py_ssize_t i = 0; i < nargs; ++i) {
     if (IsStaticPosition(self->static_argnums, i, nargs)) continue;
-    PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(args[i]));
+    PyTypeObject* type = Py_TYPE(args[i]);
     if (memo.epoch == epoch && memo.Knows(type)) continue;
     const PyTreeRegistry::Registration* custom = nullptr;
-    if (registry.KindOfType(Py_TYPE(args[i]), &custom) != PyTreeKind::kLeaf) {
-      return false;
-    }
+    if (registry.KindOfType(type, &custom) != PyTreeKind::kLeaf) return false;
     memo.Remember(type, epoch);
   }
   return true;
@@ -213,11 +211,9 @@ bool IsMemoizedLeafCall(const JitFunctionObject* self, PyObject* const* args,
       memo.epoch != PyTreeRegistry::registration_epoch()) {
     return false;
   }
-  PyObject* first = memo.types[0].ptr();
   // Last to first: the count is its own index, one register less to keep.
   while (nargs-- > 0) {
-    PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(args[nargs]));
-    if (type != first && !memo.Knows(type)) return false;
+    if (!memo.Knows(Py_TYPE(args[nargs]))) return false;
   }
   return true;
 }

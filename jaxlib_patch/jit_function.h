@@ -36,21 +36,22 @@ struct LeafTypeMemo {
   size_t epoch = 0;
   size_t next_slot = 0;
 
-  // Whether `type` is known; the caller checks the epoch once per call.
-  bool Knows(PyObject* type) const {
+  // Whether `type` is known, slot 0 first; the caller checks the epoch once
+  // per call.
+  bool Knows(PyTypeObject* type) const {
     for (const nb::object& known : types) {
-      if (known.ptr() == type) return true;
+      if (known.ptr() == reinterpret_cast<PyObject*>(type)) return true;
     }
     return false;
   }
   // Records that `type` is a leaf in registration epoch `now`.
-  void Remember(PyObject* type, size_t now) {
+  void Remember(PyTypeObject* type, size_t now) {
     if (epoch != now) {
       for (nb::object& known : types) known.reset();
       epoch = now;
       next_slot = 0;
     }
-    types[next_slot] = nb::borrow(type);
+    types[next_slot] = nb::borrow(reinterpret_cast<PyObject*>(type));
     next_slot = next_slot + 1 < kSlots ? next_slot + 1 : 1;
   }
 };
