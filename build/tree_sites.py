@@ -60,14 +60,14 @@ class Declarations:
   A declared site's function or call may be ``"*"``: every such site of the
   module (or function) that must be declared."""
 
-  def __init__(self, sites: dict, registries: dict, undecided=None):
+  def __init__(self, sites: dict, registries: dict):
     # A declared registry declares its definition, a site of its module.
     defined = {}
     for name, declaration in registries.items():
       module, _, registry = name.rpartition(".")
       defined[(module, "<module>", f"defines {registry}")] = declaration
-    self.sites = {**sites, **defined, **(undecided or {})}
-    self.registries, self.undecided = registries, set(undecided or ())
+    self.sites = {**sites, **defined}
+    self.registries = registries
 
   def lookup(self, site: Site):
     module, function, kind = site.key
@@ -92,7 +92,6 @@ def declared_lists() -> Declarations:
   return Declarations(
       tree_sites_declared.SITES,
       tree_sites_declared.REGISTRIES,
-      tree_sites_declared.UNDECIDED,
   )
 
 
@@ -226,16 +225,6 @@ def render(sites: list[Site], declared: Declarations) -> str:
   out += _declared_rows(cover, declared)
   out += [
       "",
-      "### Not yet decided",
-      "",
-      "Declared (in `UNDECIDED`) so that the check passes, but open:",
-      "",
-      "| modules (every site) | sites | layout | why |",
-      "|---|---|---|---|",
-  ]
-  out += _undecided_rows(cover, declared)
-  out += [
-      "",
       "### Listed automatically, by module",
       "",
       "Each module's sites of each layout, and the functions that hold "
@@ -252,27 +241,11 @@ def render(sites: list[Site], declared: Declarations) -> str:
 def _declared_rows(cover, declared) -> list[str]:
   rows = []
   for key, (layout, why) in declared.sites.items():
-    if key not in declared.undecided:
-      module, function, kind = key
-      rows.append(
-          f"| `{module}` | `{function}` | `{kind}` | "
-          f"{len(cover[key])} | {layout} | {why} |"
-      )
-  return rows
-
-
-def _undecided_rows(cover, declared) -> list[str]:
-  """One row per reason: the undecided modules share theirs."""
-  reasons: dict = {}
-  for key in sorted(declared.undecided):
-    reasons.setdefault(declared.sites[key], []).append(key)
-  rows = []
-  for (layout, why), keys in reasons.items():
-    names = ", ".join(
-        f"`{m}`" if f == k == "*" else f"`{m}` `{f}` `{k}`" for m, f, k in keys
+    module, function, kind = key
+    rows.append(
+        f"| `{module}` | `{function}` | `{kind}` | "
+        f"{len(cover[key])} | {layout} | {why} |"
     )
-    count = sum(len(cover[k]) for k in keys)
-    rows.append(f"| {names} | {count} | {layout} | {why} |")
   return rows
 
 

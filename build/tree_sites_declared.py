@@ -402,37 +402,3 @@ SITES = {
         "sharing is the result's",
     ),
 }
-
-_PALLAS = (
-    "Pallas kernel code that calls the public jax.tree API, which "
-    "keeps relative identities (trees of refs, BlockSpecs, lowering "
-    "values). Open: not reviewed; stock's layout if jax/_src code "
-    "must never keep them"
-)
-
-# Sites not yet decided: in the list so that the check passes, shown apart.
-UNDECIDED = {
-    (module, "*", "*"): (SHARING, _PALLAS)
-    for module in (
-        "pallas.fuser.block_spec",
-        "pallas.fuser.fusible_dtype",
-        "pallas.fuser.fusion",
-        "pallas.fuser.jaxpr_fusion",
-        "pallas.mosaic.helpers",
-        "pallas.mosaic.interpret.interpret_pallas_call",
-        "pallas.mosaic.interpret.thread_map",
-        "pallas.mosaic.lowering",
-        "pallas.mosaic.pipeline",
-        "pallas.mosaic.primitives",
-        "pallas.mosaic.sc_primitives",
-        "pallas.mosaic_gpu.core",
-        "pallas.mosaic_gpu.helpers",
-        "pallas.mosaic_gpu.interpret.gpu_callbacks",
-        "pallas.mosaic_gpu.interpret.jaxpr_interpret",
-        "pallas.mosaic_gpu.lowering",
-        "pallas.mosaic_gpu.pipeline",
-        "pallas.mosaic_gpu.primitives",
-        "pallas.mosaic_gpu.torch",
-        "pallas.triton.lowering",
-    )
-}

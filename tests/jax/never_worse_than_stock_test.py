@@ -276,6 +276,29 @@ class NeverWorseThanStockTest(jtu.JaxTestCase):
 
     self.assertSameValues(program)
 
+  def test_pallas_call_given_one_node_twice(self):
+    # Pallas lays every tree out as stock does (patch 0033): the kernel gets
+    # a ref per place, in the generic interpreter and in Mosaic's.
+    from jax.experimental import pallas as pl  # pylint: disable=g-import-not-at-top
+    from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
+
+    def program(cls, box):
+      def kernel(x_ref, y_ref, o_ref):
+        o_ref[...] = x_ref.value[...] * 2.0 + y_ref.c[1].value[...]
+
+      a = cls(jnp.arange(8.0))
+      results = []
+      for interpret in (True, pltpu.InterpretParams()):
+        f = pl.pallas_call(
+            kernel,
+            out_shape=jax.ShapeDtypeStruct((8,), jnp.float32),
+            interpret=interpret,
+        )
+        results += [f(a, box(a, a)), jax.jit(f)(a, box(a, a))]
+      return results
+
+    self.assertSameValues(program)
+
   # Not solved: Equinox closure-converts the body with the shared carry and
   # checks, inside its custom_vjp rules, that the body is called with a tree
   # of that structure. Custom rules see trees as stock does (a copy per

@@ -5,8 +5,7 @@ out_axes, jit's shardings and donation, device_put, shard_map's specs, pmap,
 jax.tree.broadcast, with_sharding_constraint) must give a shared node one
 value wherever the spec reaches it, also through a spec leaf that covers a
 subtree holding the node. Two values for one node raise SharedPrefixError
-naming the spec and both places; vmap's in_axes only where jax_split_ties
-is "raise" (split_ties_test.py has the default, a copy per place).
+naming the spec and both places.
 """
 
 import jax
@@ -16,7 +15,6 @@ from absl.testing import absltest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.sharding import NamedSharding, PartitionSpec as P
-from jax._src import config
 from jax._src import test_util as jtu
 from jax._src.tree_util import SharedPrefixError, prefix_errors
 
@@ -39,11 +37,7 @@ class PrefixSharingTest(jtu.JaxTestCase):
     self.whole = NamedSharding(self.mesh, P())
 
   def assertConflict(self, spec_name, first, other, call):
-    # jax.vmap splits the node instead where jax_split_ties allows it.
-    with (
-        config.split_ties("raise"),
-        self.assertRaises(SharedPrefixError) as info,
-    ):
+    with self.assertRaises(SharedPrefixError) as info:
       call()
     message = str(info.exception)
     self.assertIn(spec_name, message)
@@ -372,10 +366,7 @@ class SharingMessagesTest(jtu.JaxTestCase):
         preserve_relative_identities=True,
     )
     p = Param(jnp.ones(3))
-    with (
-        config.split_ties("raise"),
-        self.assertRaises(SharedPrefixError) as info,
-    ):
+    with self.assertRaises(SharedPrefixError) as info:
       jax.vmap(lambda t: t.embedding.value, in_axes=(Tied(0, None),))(
           Tied(p, p)
       )

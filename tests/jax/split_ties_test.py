@@ -196,7 +196,7 @@ class SplitTiesTest(jtu.JaxTestCase):
     )(w)
     np.testing.assert_allclose(grad.value, [2.0, 2.0])
 
-  def test_jax_vmap_and_equinox_filter_vmap_agree_on_a_spec_that_splits_a_node(
+  def test_a_vmap_spec_that_splits_a_node_is_told_and_runs_only_when_allowed(
       self,
   ):
     import equinox as eqx  # pylint: disable=g-import-not-at-top
@@ -206,6 +206,7 @@ class SplitTiesTest(jtu.JaxTestCase):
     twins = Model(Param(w.value), Param(w.value), None)
     spec = (Model(0, None, None),)
     f = lambda m: jnp.sum(m.a.value) + jnp.sum(m.b.value)
+    expected = jax.vmap(f, in_axes=spec)(twins)
     # Under "raise" (this class's setting) both refuse with a SplitTieError,
     # naming both places; jax.vmap's is also the SharedPrefixError it words.
     with self.assertRaisesRegex(
@@ -216,28 +217,23 @@ class SplitTiesTest(jtu.JaxTestCase):
     self.assertEqual(refused.exception.values, (0, None))
     with self.assertRaisesRegex(jax.tree_util.SplitTieError, r"\.a and .*\.b"):
       eqx.filter_vmap(f, in_axes=spec)(pair)
-    # By default both split the node into a copy per place, as stock sees
-    # it, compute what stock computes on copies, and say so.
+    # By default jax.vmap still refuses a prefix conflict; filter_vmap's
+    # jax.tree.map splits the node and warns, naming both places.
     jax.config.update("jax_split_ties", "warn")
-    expected = jax.vmap(f, in_axes=spec)(twins)
-    for vmap in (jax.vmap, eqx.filter_vmap):
-      with (
-          self.subTest(vmap.__name__),
-          self.assertWarnsRegex(
-              jax.tree_util.SplitTieWarning, r"\.a and .*\.b"
-          ),
-      ):
-        out = vmap(
-            lambda m: jnp.sum(m.a.value) + jnp.sum(m.b.value), in_axes=spec
-        )(pair)
-      np.testing.assert_array_equal(out, expected)
-    jax.config.update("jax_split_ties", "allow")
-    with warnings.catch_warnings():
-      warnings.simplefilter("error")
-      out = jax.vmap(
+    with self.assertRaisesRegex(SharedPrefixError, "'allow'"):
+      jax.vmap(f, in_axes=spec)(pair)
+    with self.assertWarnsRegex(jax.tree_util.SplitTieWarning, r"\.a and .*\.b"):
+      out = eqx.filter_vmap(
           lambda m: jnp.sum(m.a.value) + jnp.sum(m.b.value), in_axes=spec
       )(pair)
     np.testing.assert_array_equal(out, expected)
+    # Under "allow" both run what stock runs on copies, silently.
+    jax.config.update("jax_split_ties", "allow")
+    for vmap in (jax.vmap, eqx.filter_vmap):
+      with self.subTest(vmap.__name__), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = vmap(f, in_axes=spec)(pair)
+      np.testing.assert_array_equal(out, expected)
 
   def test_incidental_aliasing_in_libraries_is_not_reported(self):
     import equinox.internal as eqxi  # pylint: disable=g-import-not-at-top
