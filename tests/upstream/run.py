@@ -252,8 +252,9 @@ def run_side(
       UPSTREAM_PYTREE_MODULE=PYTREE_MODULE[side],
       JAX_PLATFORMS="cpu",
       # jax's own flag for virtual CPU devices; the multi-device files
-      # (pjit, shard_map, export) ask for 8 and skip tests without them.
-      JAX_NUM_CPU_DEVICES="8",
+      # (pjit, shard_map, export) ask for 8 and skip tests without them,
+      # the Pallas interpreters' skip with more than 1.
+      JAX_NUM_CPU_DEVICES=str(args.cpu_devices),
   )
   env.pop("XLA_FLAGS", None)
   # The checkout is not the working directory: its jax/ and jaxlib/ sources
@@ -436,6 +437,13 @@ def parse_args(argv):
       help="folder for the reports, junit xml and logs",
   )
   add_run_options(parser, jobs="auto")
+  parser.add_argument(
+      "--cpu-devices",
+      type=int,
+      default=8,
+      help="virtual CPU devices (default 8; the Pallas interpreters' "
+      "tests need 1)",
+  )
   args = parser.parse_args(argv)
   args.checkout = args.checkout.resolve()
   args.out = args.out.resolve()
