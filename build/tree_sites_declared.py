@@ -330,6 +330,15 @@ SITES = {
         "custom_jvp's arguments: the function and its rule see the "
         "trees they were called with",
     ),
+    (
+        "custom_derivatives",
+        "custom_vjp.__call__",
+        "identity_default_registry.flatten",
+    ): (
+        SHARING,
+        "custom_vjp's arguments as the function sees them, tied again "
+        "from the primitive's per-position inputs; the rules see copies",
+    ),
     # Loops and branches.
     (
         "lax.control_flow.loops",

@@ -299,9 +299,34 @@ class NeverWorseThanStockTest(jtu.JaxTestCase):
 
     self.assertSameValues(program)
 
+  def test_jit_of_equinox_checkpointed_while_loop_with_one_node_twice(self):
+    # Equinox closure-converts the body on the tied carry and checks, in
+    # its custom_vjp's function, that it is called with that tree (0034).
+    import equinox.internal as eqxi  # pylint: disable=g-import-not-at-top
+
+    def program(cls, box):
+      def run(w):
+        def body(carry):
+          i, (a, b) = carry
+          c = cls(a.value * 1.5 + b.value)
+          return i + 1, (c, c)
+
+        _, (a, b) = eqxi.while_loop(
+            lambda c: c[0] < 3,
+            body,
+            (0, (w, w)),
+            max_steps=3,
+            kind="checkpointed",
+        )
+        return jnp.sum(a.value * b.value)
+
+      return jax.jit(run)(cls(A)), run(cls(B))
+
+    self.assertSameValues(program)
+
   # Not solved: Equinox closure-converts the body with the shared carry and
-  # checks, inside its custom_vjp rules, that the body is called with a tree
-  # of that structure. Custom rules see trees as stock does (a copy per
+  # checks, inside its custom_vjp rules too, that the body is called with a
+  # tree of that structure. Custom rules see trees as stock does (a copy per
   # place), which per-position rules need to compute stock's values; the
   # rules would have to see the ties for this check to pass. See the
   # "Custom rules" section of docs/jax-integration.md.

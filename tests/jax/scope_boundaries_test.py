@@ -296,6 +296,50 @@ class IssueCasesTest(jtu.JaxTestCase):
     self.assertEqual(seen, [False, False])
     self.assertAllClose(grad.value, 2 * self.v.value)
 
+  @settings(max_examples=30, deadline=None)
+  @given(
+      slots=st.lists(st.integers(0, 2), min_size=1, max_size=5),
+      split=st.integers(0, 5),
+      jit=st.booleans(),
+  )
+  def test_custom_vjp_function_sees_its_arguments_as_given(
+      self, slots, split, jit
+  ):
+    # Ties within and across the two arguments: the function sees them, the
+    # fwd rule a copy per position; the gradients add up over positions.
+    objects = [Param(jnp.full(2, i + 1.0)) for i in range(3)]
+
+    def arguments(objs):
+      return [objs[i] for i in slots[:split]], [objs[i] for i in slots[split:]]
+
+    seen = {"f": [], "fwd": []}
+
+    @jax.custom_vjp
+    def f(x, y):
+      seen["f"].append(jax.tree.structure((x, y)))
+      return sum(jnp.sum(p.value) for p in x + y)
+
+    def fwd(x, y):
+      seen["fwd"].append(jax.tree.structure((x, y)))
+      return sum(jnp.sum(p.value) for p in x + y), None
+
+    def bwd(_, ct):
+      x, y = arguments([Param(ct * jnp.ones(2))] * 3)
+      return [Param(p.value) for p in x], [Param(p.value) for p in y]
+
+    f.defvjp(fwd, bwd)
+    call = jax.jit(f) if jit else f
+    value = call(*arguments(objects))
+    grads = jax.grad(lambda objs: call(*arguments(objs)))(objects)
+
+    given = jax.tree.structure(arguments(objects))
+    self.assertEqual(seen["f"][0], given)
+    copies = jax.tree.structure(jax.tree_util.tree_unshare(arguments(objects)))
+    self.assertEqual(seen["fwd"], [copies])
+    self.assertAllClose(value, 2.0 * sum(i + 1.0 for i in slots))
+    for i, g in enumerate(grads):
+      self.assertAllClose(g.value, jnp.full(2, float(slots.count(i))))
+
   def test_equinox_filter_custom_vjp_does_not_double(self):
     import equinox as eqx
 
