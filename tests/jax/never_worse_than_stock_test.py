@@ -79,6 +79,29 @@ def sum_of_firsts_twice(cls):
   return combine
 
 
+def checkpointed_loop_over_one_node_twice(cls):
+  """A loss through Equinox's checkpointed while_loop whose carry holds the
+  node `w` at two places, and whose body returns one new node at both."""
+  import equinox.internal as eqxi  # pylint: disable=g-import-not-at-top
+
+  def loss(w):
+    def body(carry):
+      i, (a, b) = carry
+      c = cls(a.value * 1.5 + b.value)
+      return i + 1, (c, c)
+
+    _, (a, b) = eqxi.while_loop(
+        lambda c: c[0] < 3,
+        body,
+        (0, (w, w)),
+        max_steps=3,
+        kind="checkpointed",
+    )
+    return jnp.sum(a.value * b.value)
+
+  return loss
+
+
 def leaves(tree):
   """The leaves as stock lays them out: one per place."""
   return stock_layout.tree_leaves(tree)
@@ -302,25 +325,9 @@ class NeverWorseThanStockTest(jtu.JaxTestCase):
   def test_jit_of_equinox_checkpointed_while_loop_with_one_node_twice(self):
     # Equinox closure-converts the body on the tied carry and checks, in
     # its custom_vjp's function, that it is called with that tree (0034).
-    import equinox.internal as eqxi  # pylint: disable=g-import-not-at-top
-
     def program(cls, box):
-      def run(w):
-        def body(carry):
-          i, (a, b) = carry
-          c = cls(a.value * 1.5 + b.value)
-          return i + 1, (c, c)
-
-        _, (a, b) = eqxi.while_loop(
-            lambda c: c[0] < 3,
-            body,
-            (0, (w, w)),
-            max_steps=3,
-            kind="checkpointed",
-        )
-        return jnp.sum(a.value * b.value)
-
-      return jax.jit(run)(cls(A)), run(cls(B))
+      loss = checkpointed_loop_over_one_node_twice(cls)
+      return jax.jit(loss)(cls(A)), loss(cls(B))
 
     self.assertSameValues(program)
 
@@ -332,25 +339,8 @@ class NeverWorseThanStockTest(jtu.JaxTestCase):
   # "Custom rules" section of docs/jax-integration.md.
   @unittest.expectedFailure
   def test_grad_through_equinox_checkpointed_while_loop(self):
-    import equinox.internal as eqxi  # pylint: disable=g-import-not-at-top
-
     def program(cls, box):
-      def loss(w):
-        def body(carry):
-          i, (a, b) = carry
-          c = cls(a.value * 1.5 + b.value)
-          return i + 1, (c, c)
-
-        _, (a, b) = eqxi.while_loop(
-            lambda c: c[0] < 3,
-            body,
-            (0, (w, w)),
-            max_steps=3,
-            kind="checkpointed",
-        )
-        return jnp.sum(a.value * b.value)
-
-      return jax.grad(loss)(cls(A))
+      return jax.grad(checkpointed_loop_over_one_node_twice(cls))(cls(A))
 
     self.assertSameValues(program)
 
