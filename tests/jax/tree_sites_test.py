@@ -1,5 +1,6 @@
 """build/tree_sites.py: every tree site of the installed jax's jax/_src is in
-one of its lists, docs/jax-integration.md shows the lists as they are, and
+one of its lists, docs/jax-integration/tree-sites.md shows the lists as they
+are, and
 the check fails where it must (on small made-up packages).
 """
 
