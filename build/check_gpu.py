@@ -10,10 +10,11 @@ split into NAME.part-000, NAME.part-001, ... is put back together first
 (under build/_work/check-gpu/wheels/). The wheels that fit the venv's Python
 are installed with ``pip install --no-index --no-deps --force-reinstall``
 into a fresh venv made with ``--system-site-packages`` (so that the NVIDIA
-runtime wheels, numpy and the rest come from the machine's Python, while the
-given wheels override any jax already there); then the checks run in that
-venv. Extra wheels in WHEELS (equinox, optax and what they need, for the
-timing) are installed the same way; one wheel per distribution.
+runtime wheels, numpy and the rest come from the machine's Python, and from
+its venv through a .pth file where that Python runs in one, while the given
+wheels override any jax already there); then the checks run in that venv.
+Extra wheels in WHEELS (equinox, optax and what they need, for the timing)
+are installed the same way; one wheel per distribution.
 
 Checks, each passed, failed or skipped:
 

@@ -128,6 +128,31 @@ except ImportError:
   from pip._vendor.packaging import tags
 print(json.dumps([str(tag) for tag in tags.sys_tags()]))
 """
+# An interpreter's own site-packages when it runs in a venv, else none.
+VENV_SITE_PROBE = """
+import json, site, sys
+print(json.dumps(site.getsitepackages() if sys.prefix != sys.base_prefix else []))
+"""
+PURELIB_PROBE = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+
+
+def _probe(python, code):
+  return subprocess.run(
+      [python, "-I", "-c", code], check=True, capture_output=True, text=True
+  ).stdout
+
+
+def see_the_makers_venv(maker, python):
+  """Let the venv of `python`, made with --system-site-packages by `maker`,
+  see `maker`'s packages where `maker` runs in a venv itself: the option
+  shows only the base interpreter's (a GPU machine's Python, CUDA wheels and
+  all, is often a venv). A .pth file adds them after the venv's own, so the
+  given wheels still win. Returns the folders added."""
+  folders = json.loads(_probe(maker, VENV_SITE_PROBE))
+  if folders:
+    purelib = pathlib.Path(_probe(python, PURELIB_PROBE).strip())
+    (purelib / "makers_venv.pth").write_text("".join(f"{f}\n" for f in folders))
+  return folders
 
 
 def install(args):
@@ -142,14 +167,10 @@ def install(args):
     command.append("--system-site-packages")
   subprocess.run(command + [str(venv)], check=True)
   python = str(venv / "bin" / "python")
-  supported = json.loads(
-      subprocess.run(
-          [python, "-I", "-c", TAGS_PROBE],
-          check=True,
-          capture_output=True,
-          text=True,
-      ).stdout
-  )
+  if args.system_site_packages:
+    for folder in see_the_makers_venv(args.python, python):
+      print(f"  also sees {folder}")
+  supported = json.loads(_probe(python, TAGS_PROBE))
   chosen = select_wheels(wheels, supported)
   for _, path in chosen.values():
     print(f"  installing {path.name}")

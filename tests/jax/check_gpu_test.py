@@ -153,3 +153,24 @@ def test_wheels_are_chosen_by_the_interpreter_s_tags(tmp_path):
   )
   with pytest.raises(module.CheckError, match="not a custom build"):
     module.select_wheels([wheels[0], stock_jaxlib], cp312)
+
+
+def test_a_venv_made_by_a_venv_sees_the_makers_packages(tmp_path):
+  # The tests run in a venv, as a GPU machine's Python often is: a venv it
+  # makes with --system-site-packages would see only the base interpreter's
+  # packages, without the link the install step writes.
+  module = _module("check_gpu_install.py")
+  venv = tmp_path / "venv"
+  subprocess.run(
+      [sys.executable, "-m", "venv", "--without-pip"]
+      + ["--system-site-packages", str(venv)],
+      check=True,
+  )
+  python = str(venv / "bin" / "python")
+  # jax: in the tests' venv (the wheels under test), never in a bare Python.
+  where = [python, "-I", "-c", "import jax; print(jax.__file__)"]
+  assert subprocess.run(where, capture_output=True).returncode != 0
+  folders = module.see_the_makers_venv(sys.executable, python)
+  assert folders
+  found = subprocess.run(where, capture_output=True, text=True, check=True)
+  assert any(found.stdout.startswith(folder) for folder in folders)
