@@ -344,6 +344,19 @@ class NeverWorseThanStockTest(jtu.JaxTestCase):
 
     self.assertSameValues(program)
 
+  def test_grad_through_equinox_checkpointed_while_loop_names_the_tie(self):
+    # Until then the error says which object the rules got as copies.
+    loss = checkpointed_loop_over_one_node_twice(P)
+    with self.assertRaises(ValueError) as caught:
+      jax.grad(loss)(P(A))
+    notes = "\n".join(getattr(caught.exception, "__notes__", []))
+    self.assertIn(
+        "The caller passed the P at args[2][0][3][1][0] and "
+        "args[2][0][3][1][1] as one object; custom_vjp fwd rule "
+        "fn_fwd_wrapped got a copy of it at each place",
+        notes,
+    )
+
 
 if __name__ == "__main__":
   absltest.main(testLoader=jtu.JaxTestLoader())

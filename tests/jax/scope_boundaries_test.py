@@ -340,6 +340,69 @@ class IssueCasesTest(jtu.JaxTestCase):
     for i, g in enumerate(grads):
       self.assertAllClose(g.value, jnp.full(2, float(slots.count(i))))
 
+  @settings(max_examples=30, deadline=None)
+  @given(
+      slots=st.lists(st.integers(0, 2), min_size=2, max_size=5),
+      split=st.integers(0, 5),
+      rule=st.sampled_from(["fwd", "bwd"]),
+      jit=st.booleans(),
+  )
+  def test_rule_failing_on_its_copies_names_the_first_tie(
+      self, slots, split, rule, jit
+  ):
+    # A function traced on the caller's arguments (one input per object) and
+    # called in a rule on its copies fails; the error names the first object
+    # passed at two places, as the arguments' key paths.
+    objects = [Param(jnp.full(2, i + 1.0)) for i in range(3)]
+    x, y = [objects[i] for i in slots[:split]], [
+        objects[i] for i in slots[split:]
+    ]
+    traced = jax.make_jaxpr(lambda *leaves: sum(jnp.sum(v) for v in leaves))(
+        *jax.tree.leaves((x, y))
+    )
+
+    def run_traced(x, y):
+      leaves = jax.tree.leaves((x, y))
+      return jax.core.eval_jaxpr(traced.jaxpr, traced.consts, *leaves)[0]
+
+    def plain(x, y):
+      return sum(jnp.sum(p.value) for p in x + y)
+
+    @jax.custom_vjp
+    def f(x, y):
+      return run_traced(x, y)
+
+    def fwd(x, y):
+      return (run_traced if rule == "fwd" else plain)(x, y), (x, y)
+
+    def bwd(res, ct):
+      run_traced(*res)
+      return jax.tree.map(lambda v: ct * jnp.ones_like(v), res)
+
+    f.defvjp(fwd, bwd)
+    call = jax.jit(f) if jit else f
+    places = [(0, i, p) for i, p in enumerate(x)]
+    places += [(1, i, p) for i, p in enumerate(y)]
+    first = {}
+    tie = None
+    for arg, i, node in places:
+      if id(node) in first:
+        tie = first[id(node)], f"args[{arg}][{i}]"
+        break
+      first[id(node)] = f"args[{arg}][{i}]"
+
+    if tie is None:  # No object twice: the rule's copies are the arguments.
+      jax.grad(call, argnums=(0, 1))(x, y)
+      return
+    with self.assertRaises(ValueError) as caught:  # eval_jaxpr's count
+      jax.grad(call, argnums=(0, 1))(x, y)
+    self.assertIn(
+        f"The caller passed the Param at {tie[0]} and {tie[1]} as one "
+        f"object; custom_vjp {rule} rule {rule} got a copy of it at each "
+        "place",
+        "\n".join(getattr(caught.exception, "__notes__", [])),
+    )
+
   def test_equinox_filter_custom_vjp_does_not_double(self):
     import equinox as eqx
 
