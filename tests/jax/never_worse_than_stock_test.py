@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from jax import lax
 from jax._src import config as jax_config
 from jax._src import test_util as jtu
@@ -235,6 +237,29 @@ class NeverWorseThanStockTest(jtu.JaxTestCase):
     for program in (jvp, linearize, vjp, transpose):
       with self.subTest(program.__name__):
         self.assertSameValues(program)
+
+  @settings(max_examples=20, deadline=None)
+  @given(
+      slots=st.lists(st.integers(0, 2), min_size=1, max_size=4),
+      has_aux=st.booleans(),
+  )
+  def test_linearized_function_takes_tangents_that_share_less(
+      self, slots, has_aux
+  ):
+    # Tied primals, a tangent object per place with values of its own.
+    def f(ps):
+      out = sum(k * jnp.sin(p.value) for k, p in enumerate(ps, start=1))
+      return (out, len(ps)) if has_aux else out
+
+    def program(cls, box):
+      nodes = [cls(A + i) for i in range(3)]
+      _, f_jvp, *_ = jax.linearize(
+          f, [nodes[i] for i in slots], has_aux=has_aux
+      )
+      tangents = [cls(jnp.full(2, k + 1.0)) for k in range(len(slots))]
+      return f_jvp(tangents), jax.jit(f_jvp)(tangents)
+
+    self.assertSameValues(program)
 
   def test_associative_scan_whose_combine_shares_otherwise(self):
     def program(cls, box):
