@@ -360,8 +360,10 @@ class NeverWorseThanStockTest(jtu.JaxTestCase):
   # checks, inside its custom_vjp rules too, that the body is called with a
   # tree of that structure. Custom rules see trees as stock does (a copy per
   # place), which per-position rules need to compute stock's values; the
-  # rules would have to see the ties for this check to pass. See the
-  # "Custom rules" section of docs/jax-integration.md.
+  # rules would have to see the ties for this check to pass, and so would a
+  # custom_vjp that the bwd rule applies to the carry, whose result comes
+  # back as copies. See the "Custom rules" section of
+  # docs/jax-integration.md.
   @unittest.expectedFailure
   def test_grad_through_equinox_checkpointed_while_loop(self):
     def program(cls, box):
