@@ -337,7 +337,27 @@ SITES = {
     ): (
         SHARING,
         "custom_vjp's arguments as the function sees them, tied again "
-        "from the primitive's per-position inputs; the rules see copies",
+        "from the primitive's per-position inputs; the rules see copies, "
+        "unless the call is made inside rules that run on the ties, where "
+        "the primitive takes them as given",
+    ),
+    (
+        "custom_derivatives",
+        "_flatten_fun_nokwargs",
+        "identity_default_registry.flatten",
+    ): (
+        SHARING,
+        "the results of a custom_vjp called inside rules that run on the "
+        "ties: they keep their sharing, as its arguments do",
+    ),
+    (
+        "custom_derivatives",
+        "_TiedArguments.flatten_fwd_output",
+        "tree_util.identity_default_registry (as a value)",
+    ): (
+        SHARING,
+        "residuals (and, inside rules that run on the ties, results) of a "
+        "fwd rule that ran on the ties: its bwd rule runs on them",
     ),
     # Loops and branches.
     (

@@ -11,7 +11,6 @@ of the copies'. The programs are the cases of an issue that used to crash or
 
 import collections
 import dataclasses
-import unittest
 
 import jax
 import jax.numpy as jnp
@@ -356,33 +355,45 @@ class NeverWorseThanStockTest(jtu.JaxTestCase):
 
     self.assertSameValues(program)
 
-  # Not solved: Equinox closure-converts the body with the shared carry and
-  # checks, inside its custom_vjp rules too, that the body is called with a
-  # tree of that structure. Custom rules see trees as stock does (a copy per
-  # place), which per-position rules need to compute stock's values; the
-  # rules would have to see the ties for this check to pass, and so would a
-  # custom_vjp that the bwd rule applies to the carry, whose result comes
-  # back as copies. See the "Custom rules" section of
-  # docs/jax-integration.md.
-  @unittest.expectedFailure
+  # Equinox closure-converts the body on the tied carry and checks, inside
+  # its custom_vjp rules too, that the body is called with that tree: the
+  # fwd rule fails on the copies it is given and runs again on the ties, and
+  # the rules compute with them (as do the custom_vjp its bwd rule calls).
   def test_grad_through_equinox_checkpointed_while_loop(self):
     def program(cls, box):
       return jax.grad(checkpointed_loop_over_one_node_twice(cls))(cls(A))
 
     self.assertSameValues(program)
 
-  def test_grad_through_equinox_checkpointed_while_loop_names_the_tie(self):
-    # Until then the error says which object the rules got as copies.
-    loss = checkpointed_loop_over_one_node_twice(P)
-    with self.assertRaises(ValueError) as caught:
-      jax.grad(loss)(P(A))
-    notes = "\n".join(getattr(caught.exception, "__notes__", []))
-    self.assertIn(
-        "The caller passed the P at args[2][0][3][1][0] and "
-        "args[2][0][3][1][1] as one object; custom_vjp fwd rule "
-        "fn_fwd_wrapped got a copy of it at each place",
-        notes,
-    )
+  def test_jit_of_grad_through_equinox_checkpointed_while_loop(self):
+    def program(cls, box):
+      loss = checkpointed_loop_over_one_node_twice(cls)
+      return jax.jit(jax.value_and_grad(loss))(cls(B))
+
+    self.assertSameValues(program)
+
+  def test_grad_through_equinox_checkpointed_while_loop_keeps_the_tie(self):
+    import equinox.internal as eqxi  # pylint: disable=g-import-not-at-top
+
+    def loss(a, b):
+      def body(c):
+        i, (a, _) = c
+        half = P(a.value * 0.5)
+        return i + 1, (half, half)
+
+      _, (a, b) = eqxi.while_loop(
+          lambda c: c[0] < 2,
+          body,
+          (0, (a, b)),
+          max_steps=2,
+          kind="checkpointed",
+      )
+      return jnp.sum(a.value) + jnp.sum(b.value)
+
+    w = P(A)
+    ga, gb = jax.grad(loss, argnums=(0, 1))(w, w)
+    self.assertIs(ga, gb)  # One node, one gradient: the sum of its places'.
+    np.testing.assert_allclose(ga.value, 2 * 0.25 * np.ones(2))
 
 
 if __name__ == "__main__":

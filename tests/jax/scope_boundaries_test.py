@@ -347,19 +347,22 @@ class IssueCasesTest(jtu.JaxTestCase):
       rule=st.sampled_from(["fwd", "bwd"]),
       jit=st.booleans(),
   )
-  def test_rule_failing_on_its_copies_names_the_first_tie(
+  def test_rule_failing_on_its_copies_runs_on_the_ties(
       self, slots, split, rule, jit
   ):
-    # A function traced on the caller's arguments (one input per object) and
-    # called in a rule on its copies fails; the error names the first object
-    # passed at two places, as the arguments' key paths.
+    # A function traced on the caller's arguments takes one input per object,
+    # and fails on the rule's copies of an object passed twice. A fwd rule
+    # that fails so runs again on the ties, and the rules compute with them:
+    # the gradient is that of the traced function, one per object. A bwd
+    # rule whose fwd ran on the copies cannot: its error names the first
+    # object passed at two places, as the arguments' key paths.
     objects = [Param(jnp.full(2, i + 1.0)) for i in range(3)]
     x, y = [objects[i] for i in slots[:split]], [
         objects[i] for i in slots[split:]
     ]
-    traced = jax.make_jaxpr(lambda *leaves: sum(jnp.sum(v) for v in leaves))(
-        *jax.tree.leaves((x, y))
-    )
+    traced = jax.make_jaxpr(
+        lambda *leaves: sum(jnp.sum(v * (k + 1)) for k, v in enumerate(leaves))
+    )(*jax.tree.leaves((x, y)))
 
     def run_traced(x, y):
       leaves = jax.tree.leaves((x, y))
@@ -376,8 +379,9 @@ class IssueCasesTest(jtu.JaxTestCase):
       return (run_traced if rule == "fwd" else plain)(x, y), (x, y)
 
     def bwd(res, ct):
-      run_traced(*res)
-      return jax.tree.map(lambda v: ct * jnp.ones_like(v), res)
+      # The cotangent of each object's leaves, through the traced function.
+      _, pullback = jax.vjp(run_traced, *res)
+      return pullback(ct)
 
     f.defvjp(fwd, bwd)
     call = jax.jit(f) if jit else f
@@ -391,16 +395,78 @@ class IssueCasesTest(jtu.JaxTestCase):
         break
       first[id(node)] = f"args[{arg}][{i}]"
 
-    if tie is None:  # No object twice: the rule's copies are the arguments.
-      jax.grad(call, argnums=(0, 1))(x, y)
+    if tie is None or rule == "fwd":
+      grads = jax.grad(call, argnums=(0, 1))(x, y)
+      expected = jax.grad(run_traced, argnums=(0, 1))(x, y)
+      self.assertEqual(jax.tree.structure(grads), jax.tree.structure(expected))
+      for g, e in zip(jax.tree.leaves(grads), jax.tree.leaves(expected)):
+        self.assertAllClose(g, e)
       return
     with self.assertRaises(ValueError) as caught:  # eval_jaxpr's count
       jax.grad(call, argnums=(0, 1))(x, y)
     self.assertIn(
         f"The caller passed the Param at {tie[0]} and {tie[1]} as one "
-        f"object; custom_vjp {rule} rule {rule} got a copy of it at each "
-        "place",
+        f"object; custom_vjp bwd rule bwd got a copy of it at each place",
         "\n".join(getattr(caught.exception, "__notes__", [])),
+    )
+
+  def test_custom_vjp_inside_rules_that_run_on_the_ties_keeps_them(self):
+    # Equinox's checkpointed while_loop passes the tied carry, in its bwd
+    # rule, through a custom_vjp identity of its own before calling the
+    # closure-converted body: that call's result must stay tied, and its
+    # cotangent, one per object, must not be counted once per place.
+    p = Param(jnp.array([1.0, 2.0]))
+    traced = jax.make_jaxpr(lambda v: jnp.sum(v**2))(p.value)
+    seen = []
+
+    def run_traced(a, b):
+      (leaf,) = jax.tree.leaves((a, b))  # Fails on two objects.
+      return jax.core.eval_jaxpr(traced.jaxpr, traced.consts, leaf)[0]
+
+    @jax.custom_vjp
+    def identity(pair):
+      return pair
+
+    identity.defvjp(lambda pair: (pair, None), lambda _, ct: (ct,))
+
+    @jax.custom_vjp
+    def f(a, b):
+      return run_traced(a, b)
+
+    def bwd(res, ct):
+      def through_identity(a, b):
+        a, b = identity((a, b))
+        seen.append(a is b)
+        return run_traced(a, b)
+
+      _, pullback = jax.vjp(through_identity, *res)
+      return pullback(ct)
+
+    f.defvjp(lambda a, b: (run_traced(a, b), (a, b)), bwd)
+    for call in (f, jax.jit(f)):
+      ga, gb = jax.grad(call, argnums=(0, 1))(p, p)
+      self.assertIs(ga, gb)
+      self.assertAllClose(ga.value, 2 * p.value)
+    self.assertEqual(seen, [True, True])
+
+  def test_fwd_rule_failing_on_copies_and_ties_raises_as_on_copies(self):
+    # The rerun on the ties changes nothing for a rule that fails anyway:
+    # its first error is raised, with the note that names the tie.
+    p = Param(jnp.ones(2))
+
+    @jax.custom_vjp
+    def f(a, b):
+      return jnp.sum(a.value * b.value)
+
+    def fwd(a, b):
+      raise ValueError(f"fwd got {'one object' if a is b else 'copies'}")
+
+    f.defvjp(fwd, lambda res, ct: (None, None))
+    with self.assertRaisesRegex(ValueError, "^fwd got copies$") as caught:
+      jax.grad(f, argnums=(0, 1))(p, p)
+    self.assertIn(
+        "The caller passed the Param at args[0] and args[1] as one object",
+        "\n".join(caught.exception.__notes__),
     )
 
   def test_equinox_filter_custom_vjp_does_not_double(self):
