@@ -352,6 +352,15 @@ SITES = {
     ),
     (
         "custom_derivatives",
+        "_TiedArguments.note_result",
+        "identity_default_registry.flatten",
+    ): (
+        SHARING,
+        "the sharing of what a custom_vjp's function returned, given "
+        "arguments that share: the call's result keeps it",
+    ),
+    (
+        "custom_derivatives",
         "_TiedArguments.flatten_fwd_output",
         "tree_util.identity_default_registry (as a value)",
     ): (

@@ -410,65 +410,6 @@ class IssueCasesTest(jtu.JaxTestCase):
         "\n".join(getattr(caught.exception, "__notes__", [])),
     )
 
-  def test_custom_vjp_inside_rules_that_run_on_the_ties_keeps_them(self):
-    # Equinox's checkpointed while_loop passes the tied carry, in its bwd
-    # rule, through a custom_vjp identity of its own before calling the
-    # closure-converted body: that call's result must stay tied, and its
-    # cotangent, one per object, must not be counted once per place.
-    p = Param(jnp.array([1.0, 2.0]))
-    traced = jax.make_jaxpr(lambda v: jnp.sum(v**2))(p.value)
-    seen = []
-
-    def run_traced(a, b):
-      (leaf,) = jax.tree.leaves((a, b))  # Fails on two objects.
-      return jax.core.eval_jaxpr(traced.jaxpr, traced.consts, leaf)[0]
-
-    @jax.custom_vjp
-    def identity(pair):
-      return pair
-
-    identity.defvjp(lambda pair: (pair, None), lambda _, ct: (ct,))
-
-    @jax.custom_vjp
-    def f(a, b):
-      return run_traced(a, b)
-
-    def bwd(res, ct):
-      def through_identity(a, b):
-        a, b = identity((a, b))
-        seen.append(a is b)
-        return run_traced(a, b)
-
-      _, pullback = jax.vjp(through_identity, *res)
-      return pullback(ct)
-
-    f.defvjp(lambda a, b: (run_traced(a, b), (a, b)), bwd)
-    for call in (f, jax.jit(f)):
-      ga, gb = jax.grad(call, argnums=(0, 1))(p, p)
-      self.assertIs(ga, gb)
-      self.assertAllClose(ga.value, 2 * p.value)
-    self.assertEqual(seen, [True, True])
-
-  def test_fwd_rule_failing_on_copies_and_ties_raises_as_on_copies(self):
-    # The rerun on the ties changes nothing for a rule that fails anyway:
-    # its first error is raised, with the note that names the tie.
-    p = Param(jnp.ones(2))
-
-    @jax.custom_vjp
-    def f(a, b):
-      return jnp.sum(a.value * b.value)
-
-    def fwd(a, b):
-      raise ValueError(f"fwd got {'one object' if a is b else 'copies'}")
-
-    f.defvjp(fwd, lambda res, ct: (None, None))
-    with self.assertRaisesRegex(ValueError, "^fwd got copies$") as caught:
-      jax.grad(f, argnums=(0, 1))(p, p)
-    self.assertIn(
-        "The caller passed the Param at args[0] and args[1] as one object",
-        "\n".join(caught.exception.__notes__),
-    )
-
   def test_equinox_filter_custom_vjp_does_not_double(self):
     import equinox as eqx
 

@@ -1,0 +1,121 @@
+"""Custom rules that cannot run on copies of a tied argument.
+
+A custom_vjp's rules get a copy of a shared node per place. A fwd rule that
+raises on the copies (it calls a function traced on the caller's tied
+arguments, as Equinox's checkpointed while_loop does) runs again on the
+arguments as given, and that call's rules compute with the ties, as
+jax.vjp does. A custom function's result keeps the ties it was returned
+with.
+"""
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl.testing import absltest
+from jax._src import test_util as jtu
+
+from never_worse_than_stock_test import checkpointed_loop_over_one_node_twice
+from shared_nodes import Param
+
+
+class RulesOnTiesTest(jtu.JaxTestCase):
+
+  def test_custom_vjp_inside_rules_that_run_on_the_ties_keeps_them(self):
+    # Equinox's checkpointed while_loop passes the tied carry, in its bwd
+    # rule, through a custom_vjp identity of its own before calling the
+    # closure-converted body: that call's result must stay tied, and its
+    # cotangent, one per object, must not be counted once per place.
+    p = Param(jnp.array([1.0, 2.0]))
+    traced = jax.make_jaxpr(lambda v: jnp.sum(v**2))(p.value)
+    seen = []
+
+    def run_traced(a, b):
+      (leaf,) = jax.tree.leaves((a, b))  # Fails on two objects.
+      return jax.core.eval_jaxpr(traced.jaxpr, traced.consts, leaf)[0]
+
+    @jax.custom_vjp
+    def identity(pair):
+      return pair
+
+    identity.defvjp(lambda pair: (pair, None), lambda _, ct: (ct,))
+
+    @jax.custom_vjp
+    def f(a, b):
+      return run_traced(a, b)
+
+    def bwd(res, ct):
+      def through_identity(a, b):
+        a, b = identity((a, b))
+        seen.append(a is b)
+        return run_traced(a, b)
+
+      _, pullback = jax.vjp(through_identity, *res)
+      return pullback(ct)
+
+    f.defvjp(lambda a, b: (run_traced(a, b), (a, b)), bwd)
+    for call in (f, jax.jit(f)):
+      ga, gb = jax.grad(call, argnums=(0, 1))(p, p)
+      self.assertIs(ga, gb)
+      self.assertAllClose(ga.value, 2 * p.value)
+    self.assertEqual(seen, [True, True])
+
+  def test_fwd_rule_failing_on_copies_and_ties_raises_as_on_copies(self):
+    # The rerun on the ties changes nothing for a rule that fails anyway:
+    # its first error is raised, with the note that names the tie.
+    p = Param(jnp.ones(2))
+
+    @jax.custom_vjp
+    def f(a, b):
+      return jnp.sum(a.value * b.value)
+
+    def fwd(a, b):
+      raise ValueError(f"fwd got {'one object' if a is b else 'copies'}")
+
+    f.defvjp(fwd, lambda res, ct: (None, None))
+    with self.assertRaisesRegex(ValueError, "^fwd got copies$") as caught:
+      jax.grad(f, argnums=(0, 1))(p, p)
+    self.assertIn(
+        "The caller passed the Param at args[0] and args[1] as one object",
+        "\n".join(caught.exception.__notes__),
+    )
+
+  def test_custom_vjp_result_keeps_the_tie_of_its_function(self):
+    # The function sees its arguments as given; one object it returns at two
+    # places is one object in the result, as under jit. Differentiated, the
+    # rules run on copies and the places' cotangents add up.
+    p = Param(jnp.array([1.0, 2.0]))
+
+    @jax.custom_vjp
+    def twice(a, b):
+      out = Param(a.value * b.value)
+      return out, out
+
+    def bwd(res, g):
+      a, b = res
+      total = g[0].value + g[1].value
+      return Param(total * b.value), Param(total * a.value)
+
+    twice.defvjp(lambda a, b: (twice(a, b), (a, b)), bwd)
+    for call in (twice, jax.jit(twice)):
+      x, y = call(p, p)
+      self.assertIs(x, y)
+      self.assertAllClose(x.value, p.value**2)
+
+    loss = lambda w: sum(jnp.sum(o.value) for o in twice(w, w))
+    self.assertAllClose(jax.grad(loss)(p).value, 4 * p.value)
+    self.assertAllClose(jax.jit(jax.grad(loss))(p).value, 4 * p.value)
+
+  def test_equinox_checkpointed_loop_under_jit_splits_no_tie(self):
+    # Its custom_vjp's result, the final carry, keeps the carry's tie, so
+    # Equinox's own combining of it with the tied static parts splits none.
+    loss = checkpointed_loop_over_one_node_twice(Param)
+    with warnings.catch_warnings():
+      warnings.simplefilter("error", jax.tree_util.SplitTieWarning)
+      value = jax.jit(loss)(Param(jnp.array([1.0, 2.0])))
+    np.testing.assert_allclose(value, (2.5**3) ** 2 * (1 + 4), rtol=1e-6)
+
+
+if __name__ == "__main__":
+  absltest.main(testLoader=jtu.JaxTestLoader())
