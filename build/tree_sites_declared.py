@@ -352,12 +352,12 @@ SITES = {
     ),
     (
         "custom_derivatives",
-        "_TiedArguments.note_result",
+        "_ResultSharing.note_result",
         "identity_default_registry.flatten",
     ): (
         SHARING,
-        "the sharing of what a custom_vjp's function returned, given "
-        "arguments that share: the call's result keeps it",
+        "the sharing of what a custom_vjp's or custom_jvp's function (or "
+        "rule) returned, given arguments that share: the result keeps it",
     ),
     (
         "custom_derivatives",

@@ -20,6 +20,12 @@ from never_worse_than_stock_test import checkpointed_loop_over_one_node_twice
 from shared_nodes import Param
 
 
+def product_twice(a, b):
+  """One new object, at two places of the result."""
+  out = Param(a.value * b.value)
+  return out, out
+
+
 class RulesOnTiesTest(jtu.JaxTestCase):
 
   def test_custom_vjp_inside_rules_that_run_on_the_ties_keeps_them(self):
@@ -81,16 +87,22 @@ class RulesOnTiesTest(jtu.JaxTestCase):
         "\n".join(caught.exception.__notes__),
     )
 
+  def assertResultKeepsTheTie(self, twice, p):
+    """`twice(p, p)` returns one object at two places, under jit too, and
+    the gradient through both places is the sum of theirs."""
+    for call in (twice, jax.jit(twice)):
+      x, y = call(p, p)
+      self.assertIs(x, y)
+      self.assertAllClose(x.value, p.value**2)
+    loss = lambda w: sum(jnp.sum(o.value) for o in twice(w, w))
+    self.assertAllClose(jax.grad(loss)(p).value, 4 * p.value)
+    self.assertAllClose(jax.jit(jax.grad(loss))(p).value, 4 * p.value)
+
   def test_custom_vjp_result_keeps_the_tie_of_its_function(self):
     # The function sees its arguments as given; one object it returns at two
     # places is one object in the result, as under jit. Differentiated, the
     # rules run on copies and the places' cotangents add up.
-    p = Param(jnp.array([1.0, 2.0]))
-
-    @jax.custom_vjp
-    def twice(a, b):
-      out = Param(a.value * b.value)
-      return out, out
+    twice = jax.custom_vjp(product_twice)
 
     def bwd(res, g):
       a, b = res
@@ -98,23 +110,40 @@ class RulesOnTiesTest(jtu.JaxTestCase):
       return Param(total * b.value), Param(total * a.value)
 
     twice.defvjp(lambda a, b: (twice(a, b), (a, b)), bwd)
-    for call in (twice, jax.jit(twice)):
-      x, y = call(p, p)
-      self.assertIs(x, y)
-      self.assertAllClose(x.value, p.value**2)
+    self.assertResultKeepsTheTie(twice, Param(jnp.array([1.0, 2.0])))
 
-    loss = lambda w: sum(jnp.sum(o.value) for o in twice(w, w))
-    self.assertAllClose(jax.grad(loss)(p).value, 4 * p.value)
-    self.assertAllClose(jax.jit(jax.grad(loss))(p).value, 4 * p.value)
+  def test_custom_jvp_result_keeps_the_tie_of_its_function(self):
+    # The same for custom_jvp, whose rule gives the primal result under
+    # differentiation: one object there is one value, with one tangent.
+    twice = jax.custom_jvp(product_twice)
 
-  def test_equinox_checkpointed_loop_under_jit_splits_no_tie(self):
-    # Its custom_vjp's result, the final carry, keeps the carry's tie, so
-    # Equinox's own combining of it with the tied static parts splits none.
+    @twice.defjvp
+    def _(primals, tangents):
+      (a, b), (ta, tb) = primals, tangents
+      tangent = Param(ta.value * b.value + a.value * tb.value)
+      return product_twice(a, b), (tangent, tangent)
+
+    p = Param(jnp.array([1.0, 2.0]))
+    self.assertResultKeepsTheTie(twice, p)
+    t = Param(jnp.ones(2))
+    (x, y), (tx, ty) = jax.jvp(twice, (p, p), (t, t))
+    self.assertIs(x, y)
+    self.assertIs(tx, ty)
+    self.assertAllClose(tx.value, 2 * p.value)
+
+  def test_equinox_checkpointed_loop_splits_no_tie(self):
+    # Its custom_vjp's result, the final carry, keeps the carry's tie, and so
+    # do the custom_jvp identities of its derivative, so Equinox's own
+    # combining of them with the tied static parts splits none.
     loss = checkpointed_loop_over_one_node_twice(Param)
+    w = Param(jnp.array([1.0, 2.0]))
     with warnings.catch_warnings():
       warnings.simplefilter("error", jax.tree_util.SplitTieWarning)
-      value = jax.jit(loss)(Param(jnp.array([1.0, 2.0])))
+      value = jax.jit(loss)(w)
+      grads = [jax.grad(loss)(w), jax.jit(jax.grad(loss))(w)]
     np.testing.assert_allclose(value, (2.5**3) ** 2 * (1 + 4), rtol=1e-6)
+    for g in grads:
+      np.testing.assert_allclose(g.value, [488.28125, 976.5625], rtol=1e-6)
 
 
 if __name__ == "__main__":
