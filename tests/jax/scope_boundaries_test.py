@@ -406,7 +406,7 @@ class IssueCasesTest(jtu.JaxTestCase):
       jax.grad(call, argnums=(0, 1))(x, y)
     self.assertIn(
         f"The caller passed the Param at {tie[0]} and {tie[1]} as one "
-        f"object; custom_vjp bwd rule bwd got a copy of it at each place",
+        "object; custom_vjp bwd rule bwd got a copy of it at each place",
         "\n".join(getattr(caught.exception, "__notes__", [])),
     )
 
