@@ -90,6 +90,8 @@ void PyTreeDef::Clear() {
 }
 
 int PyTreeRegistry::Traverse(visitproc visit, void* arg) const {
+  // A twin holds its origin, which visits the shared table.
+  Py_VISIT(origin_ref_.ptr());
   for (const auto& [type, registration] : registrations_) {
     Py_VISIT(registration->type.ptr());
     Py_VISIT(registration->to_iterable.ptr());

@@ -21,11 +21,11 @@ namespace {
 // The registration flag must be a real bool: `preserve_relative_identities=1`
 // or `="yes"` is almost certainly a mistake. jax's registration functions
 // leave the check to this one.
-bool CheckFlag(nb::handle flag) {
+bool CheckFlag(nb::handle flag,
+               const char* name = "preserve_relative_identities") {
   if (!PyBool_Check(flag.ptr())) {
-    throw nb::type_error(("preserve_relative_identities must be a bool, got " +
-                          std::string(Py_TYPE(flag.ptr())->tp_name) + ": " +
-                          Repr(flag))
+    throw nb::type_error((std::string(name) + " must be a bool, got " +
+                          Py_TYPE(flag.ptr())->tp_name + ": " + Repr(flag))
                              .c_str());
   }
   return flag.ptr() == Py_True;
@@ -89,6 +89,25 @@ void BindRegistry(nb::module_& m) {
                    "Whether this registry's flattens keep relative identities "
                    "(a shared opted-in node once, its other places as "
                    "references) or lay trees out as stock jaxlib does.")
+      .def(
+          "twin",
+          [](nb::handle_t<PyTreeRegistry> self,
+             nb::handle keeps_relative_identities) {
+            return nb::cast(
+                new PyTreeRegistry(nb::cast<PyTreeRegistry&>(self),
+                                   nb::borrow(self),
+                                   CheckFlag(keeps_relative_identities,
+                                             "keeps_relative_identities")),
+                nb::rv_policy::take_ownership);
+          },
+          nb::kw_only(), nb::arg("keeps_relative_identities").none(),
+          "A new registry with this one's registrations: not a copy but the "
+          "same table, so that a type registered or opted in through either "
+          "flattens the same way in both, now and later. Only the layout may "
+          "differ: `keeps_relative_identities` says whether the twin's "
+          "flattens keep relative identities.",
+          nb::sig("def twin(self, *, keeps_relative_identities: bool) -> "
+                  "PyTreeRegistry"))
       .def("flatten", &PyTreeDef::Flatten<false>, nb::arg("tree").none(),
            nb::arg("leaf_predicate").none() = nb::none(),
            nb::sig("def flatten(self, tree: object | None, leaf_predicate: "

@@ -88,8 +88,11 @@ class PrefixBroadcast {
         Match(prefix_.size() - 1, full_.size() - 1);
       }
       for (const auto& [position, prefix_position] : references_) {
-        // The place of the reference, where Agrees carries on the descent.
-        descent_ = full_def_.StepsTo(position);
+        // Agrees descends from the reference's place; the way down to it
+        // is found only for an error (StepsTo walks from the root, and a
+        // DAG of depth d has d references).
+        descent_from_ = position;
+        descent_.clear();
         CheckReference(position, prefix_position);
       }
     } catch (const NotAPrefix& mismatch) {
@@ -181,7 +184,9 @@ class PrefixBroadcast {
 
   [[noreturn]] void ThrowNotAPrefix() const {
     NotAPrefix mismatch;
-    mismatch.steps = descent_;
+    if (descent_from_ >= 0) mismatch.steps = full_def_.StepsTo(descent_from_);
+    mismatch.steps.insert(mismatch.steps.end(), descent_.begin(),
+                          descent_.end());
     throw mismatch;
   }
 
@@ -320,7 +325,9 @@ class PrefixBroadcast {
   // (reference's full position, prefix position that reached it)
   std::vector<std::pair<Py_ssize_t, Py_ssize_t>> references_;
   std::vector<ValueSummary> summaries_;
-  // The steps from the full root to the place being matched.
+  // The steps to the place being matched: from the full root, or (pass 2)
+  // from the place of the reference at `descent_from_`.
+  Py_ssize_t descent_from_ = -1;
   PyTreeDef::Steps descent_;
   std::unordered_set<uint64_t> agreed_;
   nb::object conflict_first_;

@@ -90,6 +90,15 @@ class PyTreeRegistry {
   PyTreeRegistry(bool enable_none, bool enable_tuple, bool enable_namedtuple,
                  bool enable_list, bool enable_dict,
                  bool keeps_relative_identities = true);
+  // A twin of `registry` (held by `registry_ref`): the same builtin nodes and
+  // the very same registrations and opt-ins, read and written through either,
+  // laid out with or without relative identities as `keeps_relative_
+  // identities` says. JAX flattens its own trees in stock's layout and the
+  // user's with identities, through two registries that must never disagree
+  // on how a type flattens: sharing the table makes that hold by
+  // construction, whoever registers on which of them.
+  PyTreeRegistry(PyTreeRegistry& registry, nb::object registry_ref,
+                 bool keeps_relative_identities);
   // Treedefs point into a registry's registrations: it is never copied (and
   // nanobind, seeing it cannot be, binds no copy).
   PyTreeRegistry(const PyTreeRegistry&) = delete;
@@ -157,11 +166,19 @@ class PyTreeRegistry {
 
   bool enable_none_, enable_tuple_, enable_list_, enable_dict_;
   bool keeps_relative_identities_;
+  // The registry whose table below this one reads and writes: itself, or for
+  // a twin the registry the first twin was made from, which `origin_ref_`
+  // keeps alive (and which alone visits the table's objects for the garbage
+  // collector, so that each reference is visited once).
+  PyTreeRegistry* origin_ = this;
+  nb::object origin_ref_;
   // Registrations are never removed, so the pointers handed out stay valid
   // for the registry's lifetime (treedefs keep their registry alive).
+  // Unused in a twin.
   std::unordered_map<PyTypeObject*, std::unique_ptr<Registration>, PointerHash>
       registrations_;
-  // The classes given to OptInRelativeIdentities, in call order.
+  // The classes given to OptInRelativeIdentities, in call order. Unused in a
+  // twin.
   std::vector<nb::object> opted_in_bases_;
   // Defined here, not in registry.cc: a definition the reader's unit sees is
   // read with one RIP-relative load, not through the GOT.

@@ -30,6 +30,18 @@ PyTreeRegistry::PyTreeRegistry(bool enable_none, bool enable_tuple,
   if (enable_dict) add_builtin(&PyDict_Type, PyTreeKind::kDict);
 }
 
+PyTreeRegistry::PyTreeRegistry(PyTreeRegistry& registry,
+                               nb::object registry_ref,
+                               bool keeps_relative_identities)
+    : enable_none_(registry.enable_none_),
+      enable_tuple_(registry.enable_tuple_),
+      enable_list_(registry.enable_list_),
+      enable_dict_(registry.enable_dict_),
+      keeps_relative_identities_(keeps_relative_identities),
+      origin_(registry.origin_),
+      origin_ref_(registry.origin_ref_.is_valid() ? registry.origin_ref_
+                                                  : std::move(registry_ref)) {}
+
 void PyTreeRegistry::Insert(std::unique_ptr<Registration> registration) {
   auto* type = reinterpret_cast<PyTypeObject*>(registration->type.ptr());
   if ((registration->kind == PyTreeKind::kCustom ||
@@ -38,7 +50,7 @@ void PyTreeRegistry::Insert(std::unique_ptr<Registration> registration) {
     registration->preserve_relative_identities = true;
   }
   const bool inserted =
-      registrations_.try_emplace(type, std::move(registration)).second;
+      origin_->registrations_.try_emplace(type, std::move(registration)).second;
   if (!inserted) {  // try_emplace left `registration` untouched.
     const char* what =
         registration->kind == PyTreeKind::kDataclass
@@ -79,8 +91,9 @@ void PyTreeRegistry::RegisterDataclassNode(nb::object type,
 
 const PyTreeRegistry::Registration* PyTreeRegistry::Lookup(
     PyTypeObject* type) const {
-  auto it = registrations_.find(type);
-  return it == registrations_.end() ? nullptr : it->second.get();
+  const auto& registrations = origin_->registrations_;
+  auto it = registrations.find(type);
+  return it == registrations.end() ? nullptr : it->second.get();
 }
 
 PyTreeKind PyTreeRegistry::KindOfType(PyTypeObject* type,
@@ -111,7 +124,7 @@ bool PyTreeRegistry::IsNode(nb::handle type) const {
 
 bool PyTreeRegistry::InheritsOptIn(PyTypeObject* type) const {
   if (!PyType_Check(reinterpret_cast<PyObject*>(type))) return false;
-  for (const nb::object& base : opted_in_bases_) {
+  for (const nb::object& base : origin_->opted_in_bases_) {
     if (PyType_IsSubtype(type, reinterpret_cast<PyTypeObject*>(base.ptr()))) {
       return true;
     }
@@ -159,8 +172,10 @@ void PyTreeRegistry::OptInRelativeIdentities(nb::handle type) {
               .c_str());
     }
   }
-  if (!InheritsOptIn(cls)) opted_in_bases_.push_back(nb::borrow(type));
-  for (auto& [registered, registration] : registrations_) {
+  if (!InheritsOptIn(cls)) {
+    origin_->opted_in_bases_.push_back(nb::borrow(type));
+  }
+  for (auto& [registered, registration] : origin_->registrations_) {
     if ((registration->kind == PyTreeKind::kCustom ||
          registration->kind == PyTreeKind::kDataclass) &&
         PyType_Check(reinterpret_cast<PyObject*>(registered)) &&

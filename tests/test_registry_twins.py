@@ -1,0 +1,224 @@
+"""Twin registries: one table of registrations, two layouts.
+
+``PyTreeRegistry.twin(keeps_relative_identities=...)`` makes a registry that
+reads and writes the very same registrations and opt-ins as the registry it
+was made from, and differs only in whether its flattens keep relative
+identities. JAX flattens its own trees with one of each pair and the user's
+with the other, so a type registered on either (JAX registers some types on
+one registry object directly) must flatten the same way in both, now and
+after any later registration.
+"""
+
+import dataclasses
+import gc
+import pickle
+import weakref
+
+import pytest
+from hypothesis import given, settings
+
+import nodes
+from sharing_model import dags
+from harness import isolated
+from jaxlib_patch import pytree as pt
+
+
+def twins():
+  keeping = pt.PyTreeRegistry()
+  return keeping, keeping.twin(keeps_relative_identities=False)
+
+
+class Fresh:
+  """A class that no registry of this file knows until a test registers it."""
+
+  def __init__(self, *children):
+    self.children = list(children)
+
+
+def fresh_flatten(node):
+  return node.children, None
+
+
+def fresh_unflatten(_, children):
+  return Fresh(*children)
+
+
+def test_a_twin_lays_out_as_it_says_and_keeps_the_enabled_builtins():
+  keeping = pt.PyTreeRegistry(enable_none=False)
+  stock_layout = keeping.twin(keeps_relative_identities=False)
+  assert keeping.keeps_relative_identities
+  assert not stock_layout.keeps_relative_identities
+  assert stock_layout.flatten([None, (1,)])[0] == [None, 1]
+  again = stock_layout.twin(keeps_relative_identities=True)
+  assert again.keeps_relative_identities
+  assert again.flatten([None, (1,)])[0] == [None, 1]
+
+
+@pytest.mark.parametrize("register_on", ["origin", "twin", "twin of twin"])
+def test_a_registration_on_any_twin_reaches_every_other(register_on):
+  keeping, stock_layout = twins()
+  grandchild = stock_layout.twin(keeps_relative_identities=True)
+  registries = {
+      "origin": keeping,
+      "twin": stock_layout,
+      "twin of twin": grandchild,
+  }
+
+  class Node(Fresh):
+    pass
+
+  @dataclasses.dataclass
+  class Data:
+    a: object
+
+  target = registries[register_on]
+  target.register_node(
+      Node, fresh_flatten, fresh_unflatten, preserve_relative_identities=True
+  )
+  target.register_dataclass_node(Data, ["a"], [])
+  node = Node(1, 2)
+  data = Data(3)
+  for registry in registries.values():
+    assert registry.is_node(Node) and registry.is_node(Data)
+    assert registry.has_relative_identities(Node)
+    assert not registry.has_relative_identities(Data)
+  for registry in (keeping, grandchild):
+    leaves, treedef = registry.flatten([node, node, data])
+    assert leaves == [1, 2, 3]
+    assert treedef.has_shared_nodes
+  leaves, treedef = stock_layout.flatten([node, node, data])
+  assert leaves == [1, 2, 1, 2, 3]
+  assert not treedef.has_shared_nodes
+
+
+@pytest.mark.parametrize("opt_in_on", [0, 1])
+def test_an_opt_in_on_either_twin_reaches_both_before_and_after_registration(
+    opt_in_on,
+):
+  pair = twins()
+
+  class Base:
+    pass
+
+  class Before(Base, Fresh):
+    pass
+
+  class After(Base, Fresh):
+    pass
+
+  pair[1 - opt_in_on].register_node(Before, fresh_flatten, fresh_unflatten)
+  pair[opt_in_on].preserve_relative_identities(Base)
+  pair[1 - opt_in_on].register_node(After, fresh_flatten, fresh_unflatten)
+  for registry in pair:
+    assert registry.has_relative_identities(Before)
+    assert registry.has_relative_identities(After)
+  keeping, _ = pair
+  before, after = Before(1), After(2)
+  assert keeping.flatten([before, before, after, after])[0] == [1, 2]
+
+
+def test_registering_a_type_on_both_twins_is_a_duplicate():
+  keeping, stock_layout = twins()
+  keeping.register_node(Fresh, fresh_flatten, fresh_unflatten)
+  with pytest.raises(ValueError, match="Duplicate custom PyTreeDef type"):
+    stock_layout.register_node(Fresh, fresh_flatten, fresh_unflatten)
+
+
+@pytest.mark.parametrize("flag", [1, 0, None, "yes", 1.0])
+def test_the_layout_flag_is_a_bool(flag):
+  keeping, _ = twins()
+  with pytest.raises(TypeError, match="keeps_relative_identities must be a bool"):
+    keeping.twin(keeps_relative_identities=flag)
+
+
+def test_the_layout_flag_is_keyword_only_and_required():
+  keeping, _ = twins()
+  with pytest.raises(TypeError):
+    keeping.twin(False)
+  with pytest.raises(TypeError):
+    keeping.twin()
+
+
+# Registered on the stock-layout twin only: its origin must see every type.
+ORIGIN = pt.PyTreeRegistry()
+STOCK_LAYOUT_TWIN = nodes.register_all(
+    ORIGIN.twin(keeps_relative_identities=False), True
+)
+UNTWINNED_STOCK_LAYOUT = nodes.register_all(
+    pt.PyTreeRegistry(keeps_relative_identities=False), True
+)
+UNTWINNED_KEEPING = nodes.register_all(pt.PyTreeRegistry(), True)
+
+
+@settings(max_examples=150, deadline=None)
+@given(dags())
+def test_twins_flatten_as_registries_registered_apart(tree):
+  """Each twin flattens exactly as a registry of its layout given the same
+  registrations itself: the shared table changes nothing but who sees it."""
+  for twin, alone in (
+      (ORIGIN, UNTWINNED_KEEPING),
+      (STOCK_LAYOUT_TWIN, UNTWINNED_STOCK_LAYOUT),
+  ):
+    leaves, treedef = twin.flatten(tree)
+    alone_leaves, alone_treedef = alone.flatten(tree)
+    assert leaves == alone_leaves
+    assert repr(treedef) == repr(alone_treedef)
+    assert treedef == alone_treedef and hash(treedef) == hash(alone_treedef)
+    rebuilt = treedef.unflatten(leaves)
+    assert twin.flatten(rebuilt)[1] == treedef
+  keeping = ORIGIN.flatten(tree)[1]
+  stock_layout = STOCK_LAYOUT_TWIN.flatten(tree)[1]
+  assert keeping.unshared() == stock_layout
+
+
+def test_a_twin_keeps_its_origin_and_both_are_collected():
+  gc.collect()
+
+  def build():
+    origin = pt.PyTreeRegistry()
+    twin = origin.twin(keeps_relative_identities=False)
+
+    class Cyclic(Fresh):
+      pass
+
+    # Registered functions that reach the twin: a cycle through the origin's
+    # table, which the collector sees only through the twin's origin.
+    twin.register_node(
+        Cyclic,
+        lambda node, twin=twin: (node.children, None),
+        fresh_unflatten,
+    )
+    # Registries take no weak references; an attribute's object lives as
+    # long as its registry.
+    origin.marker, twin.marker = Fresh(), Fresh()
+    return (
+        weakref.ref(origin.marker),
+        weakref.ref(twin.marker),
+        weakref.ref(Cyclic),
+        twin,
+    )
+
+  origin_ref, twin_ref, type_ref, twin = build()
+  gc.collect()
+  assert origin_ref() is not None  # The twin holds its origin.
+  del twin
+  gc.collect()
+  assert origin_ref() is None and twin_ref() is None and type_ref() is None
+
+
+@isolated
+def test_a_twin_named_for_pickling_pickles_treedefs_by_reference():
+  import sys
+  import types
+
+  module = types.ModuleType("twin_registry_home")
+  sys.modules["twin_registry_home"] = module
+  registry = nodes.register_all(pt.PyTreeRegistry(), True)
+  module.stock_layout = registry.twin(keeps_relative_identities=False)
+  module.stock_layout.__module__ = "twin_registry_home"
+  module.stock_layout.__name__ = "stock_layout"
+  p = nodes.PNode("p", [1])
+  _, treedef = module.stock_layout.flatten([p, p])
+  restored = pickle.loads(pickle.dumps(treedef))
+  assert restored == treedef
+  assert not restored.has_shared_nodes
