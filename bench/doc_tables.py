@@ -278,6 +278,14 @@ def pytree_targets_table(data):
 
 # --------------------------------------------------------------------------
 
+# --------------------------------------------------------------------------
+# bench_shared_dag.py --json
+
+
+def shared_dag_table(data):
+  return result_tables.shared_dag_table(data["depths"], data["seconds"])
+
+
 # KIND -> what makes the text: from the SOURCE's JSON, or (cxx-) from the
 # folder and the text between the markers.
 RENDERERS = {
@@ -291,6 +299,7 @@ RENDERERS = {
     "jit-breakdown-table": jit_breakdown_table,
     "pytree-table": pytree_table,
     "pytree-targets-table": pytree_targets_table,
+    "shared-dag-table": shared_dag_table,
 }
 FOLDER_RENDERERS = {
     "cxx-total": doc_cxx_sizes.total_phrase,

@@ -1,7 +1,7 @@
 """The benchmarks' tables, made from their results as their --json output
 holds them: the benchmark prints them, and bench/doc_tables.py puts them in
-the documents. bench_jit.py's two (from "results" and "compile"), and
-bench_pytree.py's (from "cells")."""
+the documents. bench_jit.py's two (from "results" and "compile"),
+bench_pytree.py's (from "cells") and bench_shared_dag.py's."""
 
 from jit_cases import CASE_LABELS
 from md_table import table
@@ -107,4 +107,14 @@ def pytree_table(cases, ops, libraries, medians_us):
       *(f"{lib} µs" for lib in libraries),
       *(f"{lib}/{libraries[0]}" for lib in libraries[1:]),
   )
+  return table(header, rows)
+
+
+def shared_dag_table(depths, seconds):
+  """Per transformation, its time in ms at each depth of the shared DAG."""
+  header = ["transformation", *(f"d={d}" for d in depths)]
+  rows = [
+      [name, *(f"{1e3 * t:.1f} ms" for t in times)]
+      for name, times in seconds.items()
+  ]
   return table(header, rows)

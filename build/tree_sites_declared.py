@@ -30,13 +30,19 @@ _STRUCTURE_ERROR = (
     "an error message: says where two trees differ in their " "sharing"
 )
 
+_PER_LEAF = (
+    "a function of each leaf of the user's tree: each leaf once, the tree's "
+    "ties kept in what it returns"
+)
+
 # The entry points that keep relative identities, and the mechanism.
 SITES = {
     # The mechanism: the registries, the public API, FlatTree's layouts.
     ("tree_util", "<module>", "*"): (
         SHARING,
-        "the identity_* registries themselves: each registration "
-        "reaches them (_all_registries); in_layout_of's table of twins",
+        "the identity_* registries themselves, each sharing its table of "
+        "registrations with a stock-layout twin (PyTreeRegistry.twin); "
+        "in_layout_of's table of twins",
     ),
     ("tree_identities", "*", "*"): (SHARING, _PUBLIC),
     ("tree", "*", "*"): (SHARING, _PUBLIC + " (jax.tree)"),
@@ -156,16 +162,22 @@ SITES = {
         "flatten_fun_for_vmap",
         "in_layout_of(...).flatten",
     ): (FOLLOWS, _RESULTS + " (vmap)"),
-    (
-        "interpreters.ad",
-        "jvp",
-        "tree_util.FlatTree.flatten[in_layout_of(...)]",
-    ): (FOLLOWS, _RESULTS + ": the primals'"),
-    (
-        "interpreters.ad",
-        "linearize",
-        "tree_util.FlatTree.flatten[in_layout_of(...)]",
-    ): (FOLLOWS, _RESULTS + ": the primals'"),
+    ("interpreters.ad", "jvp", "in_layout_of"): (
+        FOLLOWS,
+        _RESULTS + ": the primals' (the registry for the two below)",
+    ),
+    ("interpreters.ad", "jvp", "tree_util.FlatTree.flatten[registry]"): (
+        FOLLOWS,
+        _RESULTS + ": the primals', has_aux's aux as the result",
+    ),
+    ("interpreters.ad", "linearize", "in_layout_of"): (
+        FOLLOWS,
+        _RESULTS + ": the primals' (the registry for the two below)",
+    ),
+    ("interpreters.ad", "linearize", "tree_util.FlatTree.flatten[registry]"): (
+        FOLLOWS,
+        _RESULTS + ": the primals', has_aux's aux as the result",
+    ),
     # jit, AOT.
     ("pjit", "_flatten_dynamic_args", "identity_tracing_registry.flatten"): (
         SHARING,
@@ -194,6 +206,10 @@ SITES = {
     ("stages", "Stage.in_tree", "identity_tracing_registry.flatten"): (
         SHARING,
         "the AOT stage's argument tree, as jit flattened it",
+    ),
+    ("stages", "Stage.donate_argnums", "identity_tracing_registry.flatten"): (
+        SHARING,
+        "the donated flat arguments, indexed as in_tree lays them out",
     ),
     ("stages", "lojax_pytree", "in_layout_of(...).flatten"): (
         FOLLOWS,
@@ -256,6 +272,40 @@ SITES = {
         "linearize",
         "tree_util.FlatTree.flatten[identity_tracing_registry]",
     ): (SHARING, "linearize's primals"),
+    (
+        "api",
+        "value_and_grad.value_and_grad_f",
+        "identity_default_registry.flatten",
+    ): (
+        SHARING,
+        "grad's dtype check of each leaf, once, as vjp takes them: a shared "
+        "DAG costs its nodes, not its places",
+    ),
+    ("api", "device_get", "identity_default_registry.flatten"): (
+        SHARING,
+        _PER_LEAF,
+    ),
+    ("api", "block_until_ready", "identity_default_registry.flatten"): (
+        SHARING,
+        _PER_LEAF,
+    ),
+    ("lax.lax", "stop_gradient", "tree_identities.tree_map"): (
+        SHARING,
+        _PER_LEAF,
+    ),
+    ("lax.lax", "optimization_barrier", "identity_default_registry.flatten"): (
+        SHARING,
+        _PER_LEAF,
+    ),
+    (
+        "ad_checkpoint",
+        "_remat_arguments",
+        "identity_tracing_registry.flatten",
+    ): (
+        SHARING,
+        "checkpoint's arguments: an entry point, as jit's (its function sees "
+        "the ties, and returns them)",
+    ),
     ("api", "vjp", "tree_util.FlatTree.flatten[identity_tracing_registry]"): (
         SHARING,
         "vjp's primals: a node shared by two primals is one primal, "

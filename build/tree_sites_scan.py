@@ -144,7 +144,18 @@ class Source:
             "keeps_relative_identities"
         )
         name = f"{module}.{node.targets[0].id}"
-        if made_by == self.canonical(f"{STOCK_PYTREE}.PyTreeRegistry"):
+        # `origin.twin(keeps_relative_identities=...)`: a registry of its
+        # own layout over the registrations of one found above.
+        func = node.value.func
+        if (
+            isinstance(func, ast.Attribute)
+            and func.attr == "twin"
+            and isinstance(func.value, ast.Name)
+            and f"{module}.{func.value.id}" in found
+        ):
+          keeps = isinstance(flag, ast.Constant) and flag.value is True
+          found[name] = SHARING if keeps else STOCK
+        elif made_by == self.canonical(f"{STOCK_PYTREE}.PyTreeRegistry"):
           found[name] = STOCK
         elif made_by in (
             self.canonical(f"{PYTREE}.PyTreeRegistry"),

@@ -127,7 +127,9 @@ def test_registering_a_type_on_both_twins_is_a_duplicate():
 @pytest.mark.parametrize("flag", [1, 0, None, "yes", 1.0])
 def test_the_layout_flag_is_a_bool(flag):
   keeping, _ = twins()
-  with pytest.raises(TypeError, match="keeps_relative_identities must be a bool"):
+  with pytest.raises(
+      TypeError, match="keeps_relative_identities must be a bool"
+  ):
     keeping.twin(keeps_relative_identities=flag)
 
 

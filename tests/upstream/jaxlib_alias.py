@@ -7,6 +7,12 @@ resolve in an installed environment.  With ``UPSTREAM_PYTREE_MODULE`` set (to
 every other attribute is stock ``jaxlib._jax``'s; unset, it is stock
 ``jaxlib._jax`` itself.  Only the test sees the substitute: jax keeps the
 pytree module it was built with.
+
+Also, with ``UPSTREAM_CHECKOUT`` set, the test-only modules of ``jax._src``
+that the jax wheel does not ship (``hypothesis_test_util``, which
+``tests/state_test.py`` imports) are found in the checkout: its
+``jax/_src`` comes after the installed one on ``jax._src``'s search path, so
+no installed module is shadowed.
 """
 
 import importlib
@@ -40,6 +46,11 @@ def pytest_configure(config):
   jax_jaxlib._jax = _jax_under_test()
   sys.modules["jax.jaxlib"] = jax_jaxlib
   sys.modules["jax.jaxlib._jax"] = jax_jaxlib._jax
+  checkout = os.environ.get("UPSTREAM_CHECKOUT")
+  if checkout:
+    import jax._src  # pylint: disable=g-import-not-at-top
+
+    jax._src.__path__.append(os.path.join(checkout, "jax", "_src"))
 
 
 def pytest_report_header(config):

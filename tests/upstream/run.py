@@ -57,6 +57,8 @@ DEFAULT_FILES = {
     "export_test": "tests/export_test.py",
     "lax_control_flow_test": "tests/lax_control_flow_test.py",
     "shard_map_test": "tests/shard_map_test.py",
+    "state_test": "tests/state_test.py",
+    "package_structure_test": "tests/package_structure_test.py",
 }
 
 SIDES = ("stock", "ours")
@@ -250,6 +252,7 @@ def run_side(
       os.environ,
       PYTHONPATH=str(HERE),
       UPSTREAM_PYTREE_MODULE=PYTREE_MODULE[side],
+      UPSTREAM_CHECKOUT=str(args.checkout),
       JAX_PLATFORMS="cpu",
       # jax's own flag for virtual CPU devices; the multi-device files
       # (pjit, shard_map, export) ask for 8 and skip tests without them,
@@ -416,7 +419,7 @@ def parse_args(argv):
       default=",".join(DEFAULT_FILES),
       help="comma-separated names (api_test, pytree_test, "
       "...) or paths relative to the checkout "
-      "(default: the twelve files of DEFAULT_FILES)",
+      "(default: the fourteen files of DEFAULT_FILES)",
   )
   parser.add_argument(
       "--stock-venv", type=Path, default=REPO / ".venv-upstream-stock"
