@@ -57,7 +57,18 @@ void PyTreeRegistry::Insert(std::unique_ptr<Registration> registration) {
             ? "Duplicate custom dataclass PyTreeDef type "
               "registration for "
             : "Duplicate custom PyTreeDef type registration for ";
-    throw nb::value_error((what + Repr(registration->type) + ".").c_str());
+    std::string message = what + Repr(registration->type) + ".";
+    // Registering again with the flag is how one would expect to opt in a
+    // class registered before; say what does.
+    if (registration->preserve_relative_identities &&
+        !Lookup(type)->preserve_relative_identities) {
+      message +=
+          " It is registered without preserve_relative_identities; to opt "
+          "it in, call preserve_relative_identities(cls) on the registry "
+          "(jax.tree_util.preserve_relative_identities(cls) in JAX) instead "
+          "of registering it again.";
+    }
+    throw nb::value_error(message.c_str());
   }
   registration_epoch_.fetch_add(1, std::memory_order_relaxed);
 }

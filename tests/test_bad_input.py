@@ -77,6 +77,36 @@ def test_flag_must_be_a_bool(flag):
     )
 
 
+@pytest.mark.parametrize("dataclass", [False, True])
+def test_registering_again_with_the_flag_says_how_to_opt_in(dataclass):
+  """The duplicate registration that opting in by registering again makes
+  says what opts a registered class in; other duplicates are worded as
+  stock's."""
+  reg = pt.PyTreeRegistry()
+
+  class T:
+    pass
+
+  def register(**flag):
+    if dataclass:
+      reg.register_dataclass_node(T, [], [], **flag)
+    else:
+      reg.register_node(T, lambda t: ((), None), lambda _, c: T(), **flag)
+
+  register()
+  kind = "dataclass " if dataclass else ""
+  with pytest.raises(ValueError) as plain:
+    register()
+  assert str(plain.value) == (
+      f"Duplicate custom {kind}PyTreeDef type registration for {T!r}."
+  )
+  with pytest.raises(ValueError) as opting_in:
+    register(preserve_relative_identities=True)
+  assert str(opting_in.value).startswith(str(plain.value))
+  assert "call preserve_relative_identities(cls)" in str(opting_in.value)
+  assert not reg.has_relative_identities(T)
+
+
 # ---------------------------------------------------------------------------
 # Leaf counts.
 # ---------------------------------------------------------------------------

@@ -143,12 +143,12 @@ def _metadata_only_wheel(folder, name, version):
   return wheel
 
 
-def _guide_command(marker):
-  """The `pip install` line of docs/guide.md's ```sh blocks that holds
-  `marker`, as arguments after `pip install`."""
+def _guide_command(marker, doc="docs/guide.md"):
+  """The `pip install` line of `doc`'s ```sh blocks that holds `marker`, as
+  arguments after `pip install`."""
   lines = [
       line
-      for block in docs_test.fenced_blocks((ROOT / "docs/guide.md").read_text())
+      for block in docs_test.fenced_blocks((ROOT / doc).read_text())
       if block.language == "sh"
       for line in block.source.splitlines()
       if marker in line
@@ -157,6 +157,12 @@ def _guide_command(marker):
   words = shlex.split(lines[0].split("#")[0])
   assert words[:2] == ["pip", "install"], lines[0]
   return words[2:]
+
+
+def test_the_readme_gives_the_guides_way_back():
+  assert _guide_command("--force-reinstall", "README.md") == _guide_command(
+      "--force-reinstall"
+  )
 
 
 def test_the_guides_way_back_to_stock_jax(tmp_path):

@@ -8,6 +8,7 @@ preserve_relative_identities_test.py checks which classes are refused; this
 file checks the words.
 """
 
+import dataclasses
 import numbers
 
 from absl.testing import absltest
@@ -50,6 +51,25 @@ class RefusalReasonsTest(jtu.JaxTestCase):
           rf"{base} is a base of <class '[\w.]+'>, a type of array or scalar "
           "leaves, which are never pytree nodes",
       )
+
+  def test_registering_a_registered_class_again_with_the_flag_says_how(self):
+    @dataclasses.dataclass
+    class Registered:
+      x: object
+
+    tree_util.register_dataclass(Registered)
+    with self.assertRaisesRegex(
+        ValueError,
+        r"Duplicate custom dataclass PyTreeDef type registration for .*"
+        r"call preserve_relative_identities\(cls\) on the registry "
+        r"\(jax\.tree_util\.preserve_relative_identities\(cls\) in JAX\)",
+    ):
+      tree_util.register_dataclass(
+          Registered, preserve_relative_identities=True
+      )
+    self.assertFalse(tree_util.has_relative_identities(Registered))
+    tree_util.preserve_relative_identities(Registered)  # What it says works.
+    self.assertTrue(tree_util.has_relative_identities(Registered))
 
 
 if __name__ == "__main__":

@@ -78,8 +78,15 @@ class SplitTiesTest(jtu.JaxTestCase):
     add = lambda x, y: x + y
     with self.assertRaisesRegex(
         jax.tree_util.SplitTieError, r"at tree\.a and tree\.b"
-    ):
+    ) as raised:
       jax.tree.map(add, m, other)
+    # Raised as itself, not while handling another error, and worded for
+    # the setting that raised it.
+    self.assertIsNone(raised.exception.__context__)
+    self.assertIn(
+        "It is an error under jax_split_ties='raise'", str(raised.exception)
+    )
+    self.assertNotIn("makes this an error", str(raised.exception))
     with self.assertRaisesRegex(
         jax.tree_util.SplitTieError, r"at rest\[0\]\.a and rest\[0\]\.b"
     ):
@@ -96,6 +103,7 @@ class SplitTiesTest(jtu.JaxTestCase):
     ]
     self.assertIn("jax.tree.map split a tie", str(warning.message))
     self.assertIn("built before the class was opted in", str(warning.message))
+    self.assertIn("'raise') makes this an error", str(warning.message))
     self.assertEqual(warning.filename, __file__)  # The caller's line.
     jax.config.update("jax_split_ties", "allow")
     with warnings.catch_warnings():
