@@ -7,6 +7,7 @@ import re
 
 
 import jax
+import jax.numpy as jnp
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -322,6 +323,23 @@ class TreeOpsTest(jtu.JaxTestCase):
     a.b = a
     with self.assertRaisesRegex(ValueError, "KeyedNode"):
       jax.tree.leaves(a)
+
+  def test_a_cycle_given_to_a_transformation_is_the_same_value_error(self):
+    a = KeyedNode(jnp.ones(2), None)
+    a.b = a
+    first = lambda node: node.a
+    for name, transformation in (
+        ("jit", jax.jit(first)),
+        ("grad", jax.grad(lambda node: jnp.sum(node.a))),
+        ("value_and_grad", jax.value_and_grad(lambda node: jnp.sum(node.a))),
+        ("checkpoint", jax.checkpoint(first)),
+        ("vmap", jax.vmap(first)),
+    ):
+      with (
+          self.subTest(name),
+          self.assertRaisesRegex(ValueError, "KeyedNode.*that contains itself"),
+      ):
+        transformation(a)
 
   def test_pickle_treedef_keeps_sharing(self):
     child = Child(1.0)
