@@ -2,8 +2,29 @@
 
 import os
 
+import pytest
+
 _FLAG = "--xla_force_host_platform_device_count"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (
       os.environ.get("XLA_FLAGS", "") + f" {_FLAG}=8"
   ).strip()
+
+
+def pytest_configure(config):
+  # A tie split where a test does not expect it is a failure: a test that
+  # splits one on purpose asserts the warning (or sets jax_split_ties), so
+  # that a new one stands out.
+  config.addinivalue_line(
+      "filterwarnings", "error::jax.tree_util.SplitTieWarning"
+  )
+
+
+@pytest.fixture(autouse=True)
+def _each_test_is_told_of_its_own_split_ties():
+  # A split is reported once per function and place in a process; each test
+  # starts afresh, so that what it is told does not depend on the order.
+  from jax._src import tree_identities  # pylint: disable=g-import-not-at-top
+
+  tree_identities._reported_split_ties.clear()
+  yield

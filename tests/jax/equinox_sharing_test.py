@@ -91,9 +91,14 @@ class EquinoxSharingTest(stock_reference.StockReferenceTestCase):
     # the table against the whole table.
     table = jnp.arange(12.0).reshape(3, 4)
     model = eqx.nn.Embedding(weight=table)
-    out = eqx.filter_vmap(
-        lambda row, whole: whole.weight @ row.weight, in_axes=(0, None)
-    )(model, model)
+    # Told, by Equinox's own maps, in its terms (rest[0][0], not args[0]): a
+    # known gap, where jax.vmap refuses the spec with one SplitSpecError.
+    with self.assertWarnsRegex(
+        jax.tree_util.SplitTieWarning, r"jax\.tree\.map split a tie"
+    ):
+      out = eqx.filter_vmap(
+          lambda row, whole: whole.weight @ row.weight, in_axes=(0, None)
+      )(model, model)
     np.testing.assert_allclose(out, table @ table.T)
 
   def test_partition_and_combine_keep_the_tie(self):

@@ -111,9 +111,16 @@ def leaves(tree):
 
 class NeverWorseThanStockTest(jtu.JaxTestCase):
 
-  def assertSameValues(self, program):
-    """`program(P, Box)` gives the values of `program(PlainP, PlainBox)`."""
-    ours, theirs = program(P, Box), program(PlainP, PlainBox)
+  def assertSameValues(self, program, splits=False):
+    """`program(P, Box)` gives the values of `program(PlainP, PlainBox)`;
+    with `splits`, it tells of the tie it splits (values that tell the
+    places apart) with a SplitTieWarning, as the user would be told."""
+    if splits:
+      with self.assertWarnsRegex(jax.tree_util.SplitTieWarning, "split a tie"):
+        ours = program(P, Box)
+    else:
+      ours = program(P, Box)
+    theirs = program(PlainP, PlainBox)
     ours, theirs = leaves(ours), leaves(theirs)
     self.assertEqual(len(ours), len(theirs))
     for x, y in zip(ours, theirs):
@@ -134,7 +141,8 @@ class NeverWorseThanStockTest(jtu.JaxTestCase):
 
     expected = ["['a'][0]", "['a'][1]", "['b'][0]", "['b'][1]"]
     self.assertEqual(paths(PlainP, PlainBox), expected)
-    self.assertEqual(paths(P, Box), expected)
+    with self.assertWarnsRegex(jax.tree_util.SplitTieWarning, "split a tie"):
+      self.assertEqual(paths(P, Box), expected)
 
   def test_tree_map_with_path_over_a_tied_and_an_untied_tree(self):
     def program(cls, box):
@@ -146,7 +154,7 @@ class NeverWorseThanStockTest(jtu.JaxTestCase):
           is_leaf=lambda x: x is None,
       )
 
-    self.assertSameValues(program)
+    self.assertSameValues(program, splits=True)
 
   def test_is_leaf_takes_path(self):
     def program(cls, box):
@@ -159,7 +167,7 @@ class NeverWorseThanStockTest(jtu.JaxTestCase):
           is_leaf_takes_path=True,
       )
 
-    self.assertSameValues(program)
+    self.assertSameValues(program, splits=True)
 
   def _scan_whose_carry_sharing_changes(self, cls, box):
     def body(carry, x):
@@ -170,9 +178,10 @@ class NeverWorseThanStockTest(jtu.JaxTestCase):
     return lax.scan(lambda c, x: body(c, x)[0], (p, p), jnp.arange(3.0))
 
   def test_scan_body_returns_a_namedtuple_while_the_carry_unties(self):
-    self.assertSameValues(self._scan_whose_carry_sharing_changes)
+    self.assertSameValues(self._scan_whose_carry_sharing_changes, splits=True)
 
   def test_scan3_body_returns_a_namedtuple_while_the_carry_unties(self):
+    # scan3's carry splits the tie without telling (a known gap).
     with jax_config.scan3(True):
       self.assertSameValues(self._scan_whose_carry_sharing_changes)
 
@@ -322,7 +331,7 @@ class NeverWorseThanStockTest(jtu.JaxTestCase):
 
       return jax.grad(loss)(cls(A))
 
-    self.assertSameValues(program)
+    self.assertSameValues(program, splits=True)
 
   def test_pallas_call_given_one_node_twice(self):
     # Pallas lays every tree out as stock does (patch 0033): the kernel gets

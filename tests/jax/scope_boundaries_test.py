@@ -19,6 +19,7 @@ from absl.testing import parameterized
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax import lax
+from jax._src import config as jax_config
 from jax._src import test_util as jtu
 from jax.experimental import io_callback
 from jax.experimental.ode import odeint
@@ -191,9 +192,19 @@ PROGRAMS = [
 ]
 
 
-def _shared_and_stock(program, value, k, jit):
+# The programs that update the two roles apart in a loop carry: they split
+# the tie on purpose, and the user is told (split_ties_test.py), which these
+# value checks allow.
+SPLIT_ON_PURPOSE = {loop_updates_two_slots_apart, while_updates_two_slots_apart}
+
+
+def _shared_and_stock(program, value, k, jit, splits=False):
   """The program on one opted-in object in both roles, and on two copies of
-  a twin class that is not opted in, with its two gradients added."""
+  a twin class that is not opted in, with its two gradients added; with
+  `splits`, under jax_split_ties='allow'."""
+  if splits:
+    with jax_config.split_ties("allow"):
+      return _shared_and_stock(program, value, k, jit)
   shared = lambda p: program(p, p, k)
   stock = lambda p1, p2: program(p1, p2, k)
   if jit:
@@ -218,7 +229,7 @@ class OneObjectTwoRolesTest(jtu.JaxTestCase):
   def test_program_computes_as_on_stock(self, program):
     value = jnp.array([0.5, 1.0, 1.5])
     out, grad, stock_out, stock_grad = _shared_and_stock(
-        program, value, 0.7, jit=False
+        program, value, 0.7, jit=False, splits=program in SPLIT_ON_PURPOSE
     )
     self.assertAllClose(out, stock_out, rtol=1e-5)
     self.assertAllClose(grad, stock_grad, rtol=1e-4, atol=1e-5)
@@ -248,7 +259,11 @@ class OneObjectTwoRolesTest(jtu.JaxTestCase):
     if FORWARD_ONLY.intersection(programs):
       FORWARD_ONLY.add(program)
     out, grad, stock_out, stock_grad = _shared_and_stock(
-        program, jnp.array(values), k, jit
+        program,
+        jnp.array(values),
+        k,
+        jit,
+        splits=bool(SPLIT_ON_PURPOSE.intersection(programs)),
     )
     self.assertAllClose(out, stock_out, rtol=1e-4, atol=1e-5)
     self.assertAllClose(grad, stock_grad, rtol=1e-3, atol=1e-4)

@@ -237,9 +237,12 @@ class ControlFlowSharingTest(jtu.JaxTestCase):
           None,
       )
 
-    out, _ = lax.scan(body, _tie(jnp.ones(2)), jnp.arange(3.0))
+    with self.assertWarnsRegex(
+        jax.tree_util.SplitTieWarning, r"jax\.lax\.scan split a tie"
+    ):
+      out, _ = lax.scan(body, _tie(jnp.ones(2)), jnp.arange(3.0))
     # The carry shares only where the body keeps it: the copies are updated
-    # apart, as on stock.
+    # apart, as on stock, and the user is told.
     self.assertIsNot(out.enc, out.dec)
     self.assertAllClose(out.enc.value, jnp.full(2, 4.0))
     self.assertAllClose(out.dec.value, jnp.full(2, 8.0))
@@ -252,12 +255,15 @@ class ControlFlowSharingTest(jtu.JaxTestCase):
     out = lax.while_loop(lambda m: m.enc.value[0] < 5, body, _tie(jnp.zeros(2)))
     self.assertIs(out.enc, out.dec)
     self.assertAllClose(out.enc.value, jnp.full(2, 5.0))
-    # A body that breaks the sharing: the copies are carried apart.
-    out = lax.while_loop(
-        lambda m: m.enc.value[0] < 5,
-        lambda m: Model(Param(m.dec.value + 1), m.enc, m.bias),
-        _tie(jnp.zeros(2)),
-    )
+    # A body that breaks the sharing: the copies are carried apart, told.
+    with self.assertWarnsRegex(
+        jax.tree_util.SplitTieWarning, r"jax\.lax\.while_loop split a tie"
+    ):
+      out = lax.while_loop(
+          lambda m: m.enc.value[0] < 5,
+          lambda m: Model(Param(m.dec.value + 1), m.enc, m.bias),
+          _tie(jnp.zeros(2)),
+      )
     self.assertIsNot(out.enc, out.dec)
     self.assertAllClose(out.enc.value, jnp.full(2, 5.0))
     self.assertAllClose(out.dec.value, jnp.full(2, 4.0))

@@ -262,14 +262,17 @@ class TreeOpsTest(jtu.JaxTestCase):
     self.assertEqual(out.left.x, 11.0)
     # The other tree holds two objects where the first shares one: mapped
     # where both share (nowhere here), as stock does.
-    out = jax.tree.map(
-        lambda a, b: a + b, parent, Parent(Child(1.0), Child(2.0))
-    )
+    split = (jax.tree_util.SplitTieWarning, "jax.tree.map split a tie")
+    with self.assertWarnsRegex(*split):
+      out = jax.tree.map(
+          lambda a, b: a + b, parent, Parent(Child(1.0), Child(2.0))
+      )
     self.assertIsNot(out.left, out.right)
     self.assertEqual((out.left.x, out.right.x), (2.0, 3.0))
-    out = jax.tree.map(
-        lambda a, b: a + b, Parent(Child(1.0), Child(2.0)), parent
-    )
+    with self.assertWarnsRegex(*split):
+      out = jax.tree.map(
+          lambda a, b: a + b, Parent(Child(1.0), Child(2.0)), parent
+      )
     self.assertEqual((out.left.x, out.right.x), (2.0, 3.0))
 
   def test_leaves_and_structure(self):
