@@ -106,6 +106,12 @@ def build_module(target: Target, scratch: Path, toolchain: dict) -> dict:
     (src / rel).parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(REPO / rel, src / rel)
   out = scratch / "module-wheel"
+  # The one long step, which prints nothing while it runs.
+  log(
+      f"compiling the C++ module for Python {target.python} (about two "
+      "minutes on two cores; the first build on a machine also builds zig's "
+      "C++ runtime, a few minutes more)"
+  )
   run(
       [
           target.interpreter,
