@@ -392,7 +392,8 @@ def read_summary(out: Path) -> dict[str, str]:
     return {}
   rows = {}
   for line in path.read_text().splitlines()[2:]:
-    match = re.match(r"\| (\S+) \|", line)
+    # A label may hold spaces (Optax's "optax-0.2.8/--pyargs optax").
+    match = re.match(r"\| (.+?) \|", line)
     if match:
       rows[match.group(1)] = line
   return rows
