@@ -45,6 +45,10 @@ PARTS = {
         "docs/jax-integration.md",
         "docs/jax-integration/tree-sites.md",
     ),
+    "docs/compatibility.md": (
+        "docs/compatibility.md",
+        "docs/compatibility/earlier-series.md",
+    ),
     "docs/benchmarks.md": (
         "docs/benchmarks.md",
         "docs/benchmarks/how-each-benchmark-measures.md",
