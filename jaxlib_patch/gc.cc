@@ -90,9 +90,9 @@ void PyTreeDef::Clear() {
 }
 
 int PyTreeRegistry::Traverse(visitproc visit, void* arg) const {
-  // A twin holds its origin, which visits the shared table.
+  // A twin holds its origin, which visits the family's registrations.
   Py_VISIT(origin_ref_.ptr());
-  for (const auto& [type, registration] : registrations_) {
+  for (const auto& registration : owned_) {
     Py_VISIT(registration->type.ptr());
     Py_VISIT(registration->to_iterable.ptr());
     Py_VISIT(registration->from_iterable.ptr());

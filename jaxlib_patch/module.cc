@@ -101,9 +101,10 @@ void BindRegistry(nb::module_& m) {
                 nb::rv_policy::take_ownership);
           },
           nb::kw_only(), nb::arg("keeps_relative_identities").none(),
-          "A new registry with this one's registrations: not a copy but the "
-          "same table, so that a type registered or opted in through either "
-          "flattens the same way in both, now and later. Only the layout may "
+          "A new registry with this one's registrations: not copies but the "
+          "same ones, and every later registration or opt-in made through "
+          "either reaches both, so that a type flattens the same way in "
+          "both, now and later. Only the layout may "
           "differ: `keeps_relative_identities` says whether the twin's "
           "flattens keep relative identities.",
           nb::sig("def twin(self, *, keeps_relative_identities: bool) -> "

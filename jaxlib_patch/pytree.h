@@ -95,10 +95,12 @@ class PyTreeRegistry {
   // laid out with or without relative identities as `keeps_relative_
   // identities` says. JAX flattens its own trees in stock's layout and the
   // user's with identities, through two registries that must never disagree
-  // on how a type flattens: sharing the table makes that hold by
-  // construction, whoever registers on which of them.
+  // on how a type flattens: one family of registrations, written to every
+  // twin's map by the origin, makes that hold by construction, whoever
+  // registers on which of them.
   PyTreeRegistry(PyTreeRegistry& registry, nb::object registry_ref,
                  bool keeps_relative_identities);
+  ~PyTreeRegistry();
   // Treedefs point into a registry's registrations: it is never copied (and
   // nanobind, seeing it cannot be, binds no copy).
   PyTreeRegistry(const PyTreeRegistry&) = delete;
@@ -166,19 +168,24 @@ class PyTreeRegistry {
 
   bool enable_none_, enable_tuple_, enable_list_, enable_dict_;
   bool keeps_relative_identities_;
-  // The registry whose table below this one reads and writes: itself, or for
-  // a twin the registry the first twin was made from, which `origin_ref_`
-  // keeps alive (and which alone visits the table's objects for the garbage
-  // collector, so that each reference is visited once).
+  // A family of twins has one origin: the registry the first twin was made
+  // from, which every twin keeps alive (`origin_ref_`). The origin owns the
+  // registrations and the opt-ins, and alone visits them for the garbage
+  // collector, so that each reference is visited once.
   PyTreeRegistry* origin_ = this;
   nb::object origin_ref_;
-  // Registrations are never removed, so the pointers handed out stay valid
-  // for the registry's lifetime (treedefs keep their registry alive).
-  // Unused in a twin.
-  std::unordered_map<PyTypeObject*, std::unique_ptr<Registration>, PointerHash>
-      registrations_;
-  // The classes given to OptInRelativeIdentities, in call order. Unused in a
-  // twin.
+  // The origin's: its twins, whose maps it writes with its own.
+  std::vector<PyTreeRegistry*> twins_;
+  // The origin's: every registration of the family. Registrations are never
+  // removed, so the pointers handed out stay valid for the registry's
+  // lifetime (treedefs keep their registry alive).
+  std::vector<std::unique_ptr<Registration>> owned_;
+  // Each registry's own map of the family's registrations, kept equal by the
+  // origin: a lookup, made for every leaf of every flatten, reads a member
+  // of the registry it is made on, as stock's does, not the origin's.
+  std::unordered_map<PyTypeObject*, Registration*, PointerHash> registrations_;
+  // The origin's: the classes given to OptInRelativeIdentities, in call
+  // order.
   std::vector<nb::object> opted_in_bases_;
   // Defined here, not in registry.cc: a definition the reader's unit sees is
   // read with one RIP-relative load, not through the GOT.

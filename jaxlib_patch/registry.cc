@@ -1,5 +1,6 @@
 // PyTreeRegistry: which types are nodes and how they flatten.
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -40,7 +41,17 @@ PyTreeRegistry::PyTreeRegistry(PyTreeRegistry& registry,
       keeps_relative_identities_(keeps_relative_identities),
       origin_(registry.origin_),
       origin_ref_(registry.origin_ref_.is_valid() ? registry.origin_ref_
-                                                  : std::move(registry_ref)) {}
+                                                  : std::move(registry_ref)),
+      registrations_(registry.registrations_) {
+  origin_->twins_.push_back(this);
+}
+
+PyTreeRegistry::~PyTreeRegistry() {
+  // A twin's origin outlives it (origin_ref_ is dropped after this body).
+  if (origin_ == this) return;
+  std::vector<PyTreeRegistry*>& twins = origin_->twins_;
+  twins.erase(std::find(twins.begin(), twins.end(), this));
+}
 
 void PyTreeRegistry::Insert(std::unique_ptr<Registration> registration) {
   auto* type = reinterpret_cast<PyTypeObject*>(registration->type.ptr());
@@ -49,9 +60,7 @@ void PyTreeRegistry::Insert(std::unique_ptr<Registration> registration) {
       InheritsOptIn(type)) {
     registration->preserve_relative_identities = true;
   }
-  const bool inserted =
-      origin_->registrations_.try_emplace(type, std::move(registration)).second;
-  if (!inserted) {  // try_emplace left `registration` untouched.
+  if (const Registration* existing = Lookup(type)) {
     const char* what =
         registration->kind == PyTreeKind::kDataclass
             ? "Duplicate custom dataclass PyTreeDef type "
@@ -61,7 +70,7 @@ void PyTreeRegistry::Insert(std::unique_ptr<Registration> registration) {
     // Registering again with the flag is how one would expect to opt in a
     // class registered before; say what does.
     if (registration->preserve_relative_identities &&
-        !Lookup(type)->preserve_relative_identities) {
+        !existing->preserve_relative_identities) {
       message +=
           " It is registered without preserve_relative_identities; to opt "
           "it in, call preserve_relative_identities(cls) on the registry "
@@ -69,6 +78,13 @@ void PyTreeRegistry::Insert(std::unique_ptr<Registration> registration) {
           "of registering it again.";
     }
     throw nb::value_error(message.c_str());
+  }
+  PyTreeRegistry& origin = *origin_;
+  Registration* entry =
+      origin.owned_.emplace_back(std::move(registration)).get();
+  origin.registrations_.emplace(type, entry);
+  for (PyTreeRegistry* twin : origin.twins_) {
+    twin->registrations_.emplace(type, entry);
   }
   registration_epoch_.fetch_add(1, std::memory_order_relaxed);
 }
@@ -102,9 +118,8 @@ void PyTreeRegistry::RegisterDataclassNode(nb::object type,
 
 const PyTreeRegistry::Registration* PyTreeRegistry::Lookup(
     PyTypeObject* type) const {
-  const auto& registrations = origin_->registrations_;
-  auto it = registrations.find(type);
-  return it == registrations.end() ? nullptr : it->second.get();
+  auto it = registrations_.find(type);
+  return it == registrations_.end() ? nullptr : it->second;
 }
 
 PyTreeKind PyTreeRegistry::KindOfType(PyTypeObject* type,
@@ -186,7 +201,7 @@ void PyTreeRegistry::OptInRelativeIdentities(nb::handle type) {
   if (!InheritsOptIn(cls)) {
     origin_->opted_in_bases_.push_back(nb::borrow(type));
   }
-  for (auto& [registered, registration] : origin_->registrations_) {
+  for (auto& [registered, registration] : registrations_) {
     if ((registration->kind == PyTreeKind::kCustom ||
          registration->kind == PyTreeKind::kDataclass) &&
         PyType_Check(reinterpret_cast<PyObject*>(registered)) &&
