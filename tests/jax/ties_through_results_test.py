@@ -161,8 +161,14 @@ class CheckpointKeepsTiesTest(jtu.JaxTestCase):
     agreeing = jax.checkpoint(f, prevent_cse=(True, True))(p, p)
     self.assertIs(agreeing[0], agreeing[1])
     # Two values for one node cannot be read as one: laid out as stock lays
-    # it out, it computes what stock computes.
-    conflicting = jax.checkpoint(f, prevent_cse=(True, False))(p, p)
+    # it out, it computes what stock computes, and the split is told in the
+    # caller's arguments.
+    with self.assertWarnsRegex(
+        tree_util.SplitTieWarning,
+        r"jax\.checkpoint split a tie: the Param at args\[0\] and args\[1\]",
+    ):
+      conflicting = jax.checkpoint(f, prevent_cse=(True, False))(p, p)
+    self.assertIsNot(conflicting[0], conflicting[1])
     self.assertArraysEqual(conflicting[1].value, p.value)
 
   def test_a_checkpoint_over_several_arguments_keeps_the_tie_between_them(
