@@ -12,7 +12,8 @@ every place, cannot run it past a depth of about 20, so there is no stock
 column: what this measures is that each transformation's time grows with
 the unique nodes (linearly in ``d``), never with the places. Each cell is
 the best of ``--repeats`` calls of a new transformation (tracing, and for
-jit compilation, included, as a training step's first call pays them).
+jit compilation, included, as a training step's first call pays them),
+garbage collector paused (``bench_limits.best_per_call``).
 """
 
 import argparse
@@ -22,12 +23,12 @@ import json
 import pathlib
 import platform
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from bench_limits import best_per_call  # noqa: E402
 from machine import cpu_model  # noqa: E402
 from result_tables import shared_dag_table  # noqa: E402
 
@@ -77,15 +78,6 @@ TRANSFORMATIONS = {
 }
 
 
-def best_time(transform, tree, repeats):
-  best = float("inf")
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(transform(tree))
-    best = min(best, time.perf_counter() - start)
-  return best
-
-
 def main():
   # The tree is d levels deep: pytree operations, as stock's, recurse once a
   # level, within Python's recursion limit.
@@ -100,7 +92,13 @@ def main():
   for depth in depths:
     tree = shared_dag(depth)
     for name, transform in TRANSFORMATIONS.items():
-      seconds[name].append(best_time(transform, tree, args.repeats))
+      seconds[name].append(
+          best_per_call(
+              lambda: jax.block_until_ready(transform(tree)),
+              calls=1,
+              rounds=args.repeats,
+          )
+      )
   print(shared_dag_table(depths, seconds))
   if args.json:
     args.json.write_text(

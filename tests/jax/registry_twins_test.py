@@ -14,6 +14,7 @@ it over every class alive after importing jax, Equinox, Flax and Optax.
 import collections
 import dataclasses
 import functools
+import gc
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -68,6 +69,39 @@ def disagreements(registry, twin, classes):
   )
 
 
+def live_instances(classes, per_class=3):
+  """Up to `per_class` objects alive in this process of each of `classes`."""
+  found = collections.defaultdict(list)
+  for obj in gc.get_objects():
+    if type(obj) in classes and len(found[type(obj)]) < per_class:
+      found[type(obj)].append(obj)
+  return found
+
+
+def flattens_alike(registry, twin, tree):
+  """Whether the stock-layout `registry` lays `tree` out as `twin` does with
+  each shared node written out at each place (the same leaves, by identity,
+  and the same structure), or both refuse it (an object that contains
+  itself: RecursionError in stock's layout, as on stock, ValueError with
+  identities)."""
+  try:
+    leaves, treedef = registry.flatten(tree)
+  except Exception:  # pylint: disable=broad-except
+    try:
+      twin.flatten(tree)
+    except Exception:  # pylint: disable=broad-except
+      return True
+    return False
+  twin_leaves, twin_treedef = twin.flatten(tree)
+  places = twin_treedef.unshared()
+  expanded = twin_treedef.expand_leaves(places, twin_leaves)
+  return (
+      places == treedef
+      and len(expanded) == len(leaves)
+      and all(a is b for a, b in zip(expanded, leaves))
+  )
+
+
 class Model(eqx.Module):
   weight: jax.Array
   scale: float = eqx.field(static=True)
@@ -111,6 +145,21 @@ class RegistryTwinsTest(jtu.JaxTestCase):
     self.assertIn(TransformedRef, node_classes)
     self.assertIn(Model, node_classes)
     self.assertIn(nnx.State, node_classes)
+
+  def test_every_live_instance_of_a_node_class_flattens_alike_in_twins(self):
+    library_trees()  # Objects of the libraries' node classes, alive here.
+    classes = every_class()
+    checked = set()
+    for name, (registry, twin) in TWINS.items():
+      nodes = {c for c in classes if registry.is_node(c) or twin.is_node(c)}
+      for cls, instances in live_instances(nodes).items():
+        for instance in instances:
+          with self.subTest(registries=name, cls=repr(cls)):
+            self.assertTrue(flattens_alike(registry, twin, instance))
+          checked.add(cls)
+    # Far more than the few trees built above: jax's, Flax's and Optax's
+    # own objects of registered classes.
+    self.assertGreater(len(checked), 20, sorted(map(repr, checked)))
 
   def test_a_registration_on_one_registry_object_reaches_its_twin(self):
     for name, (registry, twin) in TWINS.items():
