@@ -94,17 +94,18 @@ def fields(model):
 def stock_side(folder):
   """Writes STOCK_FILES into `folder`, and loads OURS_FILES from it into the
   untied and the eqx.nn.Shared model, with eqx.tree_deserialise_leaves and
-  with the guide's load_leaves (its source in LOAD_LEAVES_SOURCE)."""
+  with jax.experimental.leaf_files.load_leaves (its file, copied to
+  LOAD_LEAVES_SOURCE as a stock JAX user copies it)."""
   builders = {"untied": untied, "shared": shared, "tied": tied}
   for layout, seed in STOCK_FILES.items():
     eqx.tree_serialise_leaves(
         folder / f"stock-{layout}.eqx", builders[layout](seed)
     )
-  guide = {}
-  exec((folder / LOAD_LEAVES_SOURCE).read_text(), guide)
+  leaf_files = {}
+  exec((folder / LOAD_LEAVES_SOURCE).read_text(), leaf_files)
   loaders = {
       "eqx.tree_deserialise_leaves": eqx.tree_deserialise_leaves,
-      "load_leaves": guide["load_leaves"],
+      "load_leaves": leaf_files["load_leaves"],
   }
   received = {}
   for layout in OURS_FILES:

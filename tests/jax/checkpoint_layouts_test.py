@@ -11,8 +11,8 @@ which is also what stock JAX writes for the tied model: two equal tables).
 The models a file is loaded into: the tied one (ours), the `eqx.nn.Shared`
 one and the untied one (stock JAX's).
 
-The paths: Equinox's `eqx.tree_deserialise_leaves`, the guide's checked
-`load_leaves` (taken from the guide's own block), `load_leaves` into
+The paths: Equinox's `eqx.tree_deserialise_leaves`, the checked
+`jax.experimental.leaf_files.load_leaves` that the guide documents, and it into
 `tree_unshare(model)` then `tree_retie`; Orbax's restore with a target, with
 the untied layout of the target then `tree_retie`, and without a target.
 Outcomes: the file loads (each field gets the table written from it), loads
@@ -38,8 +38,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax import tree_util
 from jax._src import test_util as jtu
+from jax.experimental import leaf_files
+from jax.experimental.leaf_files import load_leaves
 
-import docs_test
 import stock_reference
 
 tree_util.preserve_relative_identities(eqx.Module)
@@ -71,27 +72,6 @@ TARGETS = {
     "shared": layouts.shared,
     "untied": layouts.untied,
 }
-
-
-def guide_block():
-  """The source of the guide's block that defines load_leaves (in one of
-  docs/guide.md's files)."""
-  blocks = [
-      b.source
-      for _, b in docs_test.document_blocks("docs/guide.md")
-      if "def load_leaves(" in b.source
-  ]
-  assert len(blocks) == 1, "the guide defines load_leaves in one block"
-  return blocks[0]
-
-
-def guide_recipe(name):
-  namespace = {}
-  exec(compile(guide_block(), "docs/guide.md", "exec"), namespace)
-  return namespace[name]
-
-
-load_leaves = guide_recipe("load_leaves")
 
 
 def _array_count(model):
@@ -224,8 +204,42 @@ class EquinoxLayoutsTest(LayoutTestCase):
   def test_layouts(self, load, row):
     self.run_matrix(row, load)
 
+  def test_the_documented_loads_never_shift_a_table(self):
+    # Every row of load_leaves refuses the file it cannot load right.
+    for (_, load), outcomes in EQUINOX_MATRIX.items():
+      if load is not _deserialise:
+        self.assertNotIn(SHIFTED, outcomes.values(), load.__name__)
+
+  def test_the_refusal_names_the_layout_and_the_conversion(self):
+    untied_file = self.write("unshared", WRITERS["unshared"]())
+    with self.assertRaisesRegex(ValueError, "") as caught:
+      load_leaves(untied_file, layouts.tied(TARGET_SEED))  # a path, too
+    message = str(caught.exception)
+    self.assertIn("The file has this model's untied layout", message)
+    self.assertIn(
+        "tree_retie(load_leaves(file, jax.tree_util.tree_unshare(model)), "
+        "model)",
+        message,
+    )
+    tied_file = self.write("tied", WRITERS["tied"]())
+    with self.assertRaisesRegex(ValueError, "fewer arrays than the model"):
+      load_leaves(str(tied_file), layouts.untied(TARGET_SEED))
+    with self.assertRaisesRegex(ValueError, "more arrays than the model"):
+      load_leaves(untied_file, layouts.shared(TARGET_SEED))
+
+  def test_a_refused_file_is_left_where_it_was(self):
+    with open(self.write("untied", WRITERS["untied"]()), "rb") as file:
+      file.seek(0)
+      with self.assertRaisesRegex(ValueError, "untied layout"):
+        load_leaves(file, layouts.tied(TARGET_SEED))
+      self.assertEqual(file.tell(), 0)
+      loaded = load_leaves(file, layouts.untied(TARGET_SEED))
+    tables = layouts.fields(WRITERS["untied"]())
+    for name, table in layouts.fields(loaded).items():
+      self.assertArraysEqual(table, tables[name])
+
   def test_the_file_holds_what_each_layout_says(self):
-    saved_shapes = guide_recipe("saved_shapes")
+    saved_shapes = leaf_files.saved_shapes
     table = (layouts.VOCAB, layouts.DIM)
     for layout, count in (("tied", 2), ("shared", 2), ("untied", 3)):
       buffer = io.BytesIO()
@@ -356,7 +370,10 @@ class StockSideTest(jtu.JaxTestCase):
       eqx.tree_serialise_leaves(
           cls.folder / f"ours-{layout}.eqx", WRITERS[layout]()
       )
-    (cls.folder / layouts.LOAD_LEAVES_SOURCE).write_text(guide_block())
+    # The module's one file, as a stock JAX user copies it.
+    (cls.folder / layouts.LOAD_LEAVES_SOURCE).write_text(
+        pathlib.Path(leaf_files.__file__).read_text()
+    )
     cls.received = stock_reference.run_with_stock_jax(
         layouts.__file__, "equinox", cls.folder
     )
