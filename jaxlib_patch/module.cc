@@ -22,13 +22,22 @@ namespace {
 // or `="yes"` is almost certainly a mistake. jax's registration functions
 // leave the check to this one.
 bool CheckFlag(nb::handle flag,
-               const char* name = "preserve_relative_identities") {
+               const char* name = "preserve_relative_identities",
+               const char* expected = "a bool") {
   if (!PyBool_Check(flag.ptr())) {
-    throw nb::type_error((std::string(name) + " must be a bool, got " +
-                          Py_TYPE(flag.ptr())->tp_name + ": " + Repr(flag))
+    throw nb::type_error((std::string(name) + " must be " + expected +
+                          ", got " + Py_TYPE(flag.ptr())->tp_name + ": " +
+                          Repr(flag))
                              .c_str());
   }
   return flag.ptr() == Py_True;
+}
+
+// A registration's flag: a bool, or None for "as the class's bases say".
+std::optional<bool> CheckRegistrationFlag(nb::handle flag) {
+  if (flag.is_none()) return std::nullopt;
+  return CheckFlag(flag, "preserve_relative_identities",
+                   "a bool, or None to follow the class's bases");
 }
 
 // Whether `other`, one of our treedefs or a stock jaxlib one, equals `self`
@@ -136,36 +145,37 @@ void BindRegistry(nb::module_& m) {
              nb::callable from_iterable,
              std::optional<nb::callable> to_iterable_with_keys,
              nb::handle preserve_relative_identities) {
-            self.RegisterNode(std::move(type), std::move(to_iterable),
-                              std::move(from_iterable),
-                              to_iterable_with_keys
-                                  ? nb::object(*to_iterable_with_keys)
-                                  : nb::none(),
-                              CheckFlag(preserve_relative_identities));
+            self.RegisterNode(
+                std::move(type), std::move(to_iterable),
+                std::move(from_iterable),
+                to_iterable_with_keys ? nb::object(*to_iterable_with_keys)
+                                      : nb::none(),
+                CheckRegistrationFlag(preserve_relative_identities));
           },
           nb::arg("type"), nb::arg("to_iterable"), nb::arg("from_iterable"),
           nb::arg("to_iterable_with_keys").none() = nb::none(), nb::kw_only(),
-          nb::arg("preserve_relative_identities").none() = false,
-          nb::sig(
-              "def register_node(self, type: type[_T], to_iterable: "
-              "Callable[[_T], tuple[_Children, _AuxData]], from_iterable: "
-              "Callable[[_AuxData, _Children], _T], to_iterable_with_keys: "
-              "Callable[[_T], tuple[_KeyLeafPairs, _AuxData]] | None = "
-              "None, *, preserve_relative_identities: bool = False) -> Any"))
+          nb::arg("preserve_relative_identities").none() = nb::none(),
+          nb::sig("def register_node(self, type: type[_T], to_iterable: "
+                  "Callable[[_T], tuple[_Children, _AuxData]], from_iterable: "
+                  "Callable[[_AuxData, _Children], _T], to_iterable_with_keys: "
+                  "Callable[[_T], tuple[_KeyLeafPairs, _AuxData]] | None = "
+                  "None, *, preserve_relative_identities: bool | None = None) "
+                  "-> Any"))
       .def(
           "register_dataclass_node",
           [](PyTreeRegistry& self, nb::type_object type,
              std::vector<nb::str> data_fields, std::vector<nb::str> meta_fields,
              nb::handle preserve_relative_identities) {
-            self.RegisterDataclassNode(type, std::move(data_fields),
-                                       std::move(meta_fields),
-                                       CheckFlag(preserve_relative_identities));
+            self.RegisterDataclassNode(
+                type, std::move(data_fields), std::move(meta_fields),
+                CheckRegistrationFlag(preserve_relative_identities));
           },
           nb::arg("type"), nb::arg("data_fields"), nb::arg("meta_fields"),
-          nb::kw_only(), nb::arg("preserve_relative_identities").none() = false,
+          nb::kw_only(),
+          nb::arg("preserve_relative_identities").none() = nb::none(),
           nb::sig("def register_dataclass_node(self, type: type, data_fields: "
                   "typing.Sequence[str], meta_fields: Sequence[str], /, *, "
-                  "preserve_relative_identities: bool = False) -> Any"))
+                  "preserve_relative_identities: bool | None = None) -> Any"))
       .def("preserve_relative_identities",
            &PyTreeRegistry::OptInRelativeIdentities, nb::arg("type").none(),
            "Opts `type` and every subclass of it, registered before or after "

@@ -85,6 +85,9 @@ class PyTreeRegistry {
     // Set at registration, or later by OptInRelativeIdentities (never
     // cleared).
     bool preserve_relative_identities = false;
+    // Registered with preserve_relative_identities=False said in so many
+    // words: the opt-in of a base class (before or after) passes it by.
+    bool declines_relative_identities = false;
   };
 
   PyTreeRegistry(bool enable_none, bool enable_tuple, bool enable_namedtuple,
@@ -106,12 +109,14 @@ class PyTreeRegistry {
   PyTreeRegistry(const PyTreeRegistry&) = delete;
   PyTreeRegistry& operator=(const PyTreeRegistry&) = delete;
 
+  // `preserve_relative_identities`: true opts the class in, false keeps it
+  // out whatever its bases, nullopt follows its bases' opt-ins.
   void RegisterNode(nb::object type, nb::object to_iterable,
                     nb::object from_iterable, nb::object to_iterable_with_keys,
-                    bool preserve_relative_identities);
+                    std::optional<bool> preserve_relative_identities);
   void RegisterDataclassNode(nb::object type, std::vector<nb::str> data_fields,
                              std::vector<nb::str> meta_fields,
-                             bool preserve_relative_identities);
+                             std::optional<bool> preserve_relative_identities);
 
   // The registration of exactly `type` (subclasses are not looked through),
   // or nullptr.

@@ -57,7 +57,7 @@ void PyTreeRegistry::Insert(std::unique_ptr<Registration> registration) {
   auto* type = reinterpret_cast<PyTypeObject*>(registration->type.ptr());
   if ((registration->kind == PyTreeKind::kCustom ||
        registration->kind == PyTreeKind::kDataclass) &&
-      InheritsOptIn(type)) {
+      !registration->declines_relative_identities && InheritsOptIn(type)) {
     registration->preserve_relative_identities = true;
   }
   if (const Registration* existing = Lookup(type)) {
@@ -89,30 +89,36 @@ void PyTreeRegistry::Insert(std::unique_ptr<Registration> registration) {
   registration_epoch_.fetch_add(1, std::memory_order_relaxed);
 }
 
-void PyTreeRegistry::RegisterNode(nb::object type, nb::object to_iterable,
-                                  nb::object from_iterable,
-                                  nb::object to_iterable_with_keys,
-                                  bool preserve_relative_identities) {
+void PyTreeRegistry::RegisterNode(
+    nb::object type, nb::object to_iterable, nb::object from_iterable,
+    nb::object to_iterable_with_keys,
+    std::optional<bool> preserve_relative_identities) {
   auto registration = std::make_unique<Registration>();
   registration->kind = PyTreeKind::kCustom;
   registration->type = std::move(type);
   registration->to_iterable = std::move(to_iterable);
   registration->from_iterable = std::move(from_iterable);
   registration->to_iterable_with_keys = std::move(to_iterable_with_keys);
-  registration->preserve_relative_identities = preserve_relative_identities;
+  registration->preserve_relative_identities =
+      preserve_relative_identities.value_or(false);
+  registration->declines_relative_identities =
+      preserve_relative_identities == false;
   Insert(std::move(registration));
 }
 
-void PyTreeRegistry::RegisterDataclassNode(nb::object type,
-                                           std::vector<nb::str> data_fields,
-                                           std::vector<nb::str> meta_fields,
-                                           bool preserve_relative_identities) {
+void PyTreeRegistry::RegisterDataclassNode(
+    nb::object type, std::vector<nb::str> data_fields,
+    std::vector<nb::str> meta_fields,
+    std::optional<bool> preserve_relative_identities) {
   auto registration = std::make_unique<Registration>();
   registration->kind = PyTreeKind::kDataclass;
   registration->type = std::move(type);
   registration->data_fields = std::move(data_fields);
   registration->meta_fields = std::move(meta_fields);
-  registration->preserve_relative_identities = preserve_relative_identities;
+  registration->preserve_relative_identities =
+      preserve_relative_identities.value_or(false);
+  registration->declines_relative_identities =
+      preserve_relative_identities == false;
   Insert(std::move(registration));
 }
 
@@ -204,6 +210,7 @@ void PyTreeRegistry::OptInRelativeIdentities(nb::handle type) {
   for (auto& [registered, registration] : registrations_) {
     if ((registration->kind == PyTreeKind::kCustom ||
          registration->kind == PyTreeKind::kDataclass) &&
+        (registered == cls || !registration->declines_relative_identities) &&
         PyType_Check(reinterpret_cast<PyObject*>(registered)) &&
         PyType_IsSubtype(registered, cls)) {
       registration->preserve_relative_identities = true;

@@ -45,15 +45,19 @@ class RaisingIterator:
 # ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("flag", [1, 0, "yes", None, 1.0, [True]])
+@pytest.mark.parametrize("flag", [1, 0, "yes", 1.0, [True]])
 def test_flag_must_be_a_bool(flag):
-  """preserve_relative_identities=<not a bool> is a TypeError."""
+  """preserve_relative_identities=<not a bool, not None> is a TypeError."""
   reg = pt.PyTreeRegistry()
 
   class T:
     pass
 
-  with pytest.raises(TypeError):
+  with pytest.raises(
+      TypeError,
+      match=r"^preserve_relative_identities must be a bool, or None to "
+      r"follow the class's bases, got ",
+  ):
     reg.register_node(
         T,
         lambda t: ((), None),
@@ -75,6 +79,53 @@ def test_flag_must_be_a_bool(flag):
     pt.PyTreeRegistry().register_node(
         T, lambda t: ((), None), lambda _, c: T(), None, True
     )
+
+
+@pytest.mark.parametrize("base_first", [False, True])
+@pytest.mark.parametrize("dataclass", [False, True])
+def test_an_explicit_false_keeps_a_subclass_out_of_its_bases_opt_in(
+    dataclass, base_first
+):
+  """None (the default) follows the opt-in of a base class, given before or
+  after the subclass is registered; False said in so many words keeps the
+  subclass out of it, in both twins."""
+  reg = pt.PyTreeRegistry()
+  twin = reg.twin(keeps_relative_identities=False)
+
+  class Base:
+    pass
+
+  subclasses = {flag: type(f"Sub{flag}", (Base,), {}) for flag in (None, False)}
+
+  def register(cls, flag):
+    if dataclass:
+      reg.register_dataclass_node(
+          cls, [], [], preserve_relative_identities=flag
+      )
+    else:
+      reg.register_node(
+          cls,
+          lambda t: ((), None),
+          lambda _, c, cls=cls: cls(),
+          preserve_relative_identities=flag,
+      )
+
+  if base_first:
+    reg.preserve_relative_identities(Base)
+  for flag, cls in subclasses.items():
+    register(cls, flag)
+  if not base_first:
+    reg.preserve_relative_identities(Base)
+  for registry in (reg, twin):
+    assert registry.has_relative_identities(subclasses[None])
+    assert not registry.has_relative_identities(subclasses[False])
+  following, declining = subclasses[None](), subclasses[False]()
+  treedef = reg.flatten([following, following, declining, declining])[1]
+  out = treedef.unflatten([])
+  assert out[0] is out[1] and out[2] is not out[3]
+  # Opting in the declining class itself still works.
+  reg.preserve_relative_identities(subclasses[False])
+  assert twin.has_relative_identities(subclasses[False])
 
 
 @pytest.mark.parametrize("dataclass", [False, True])

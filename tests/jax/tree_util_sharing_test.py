@@ -142,14 +142,13 @@ class RegistrationTest(jtu.JaxTestCase):
 
   @parameterized.named_parameters((name, name) for name in _REGISTRATIONS)
   def test_flag_is_keyword_only_bool(self, api):
-    for bad in (1, 0, None, "yes", np.bool_(True)):
+    for bad in (1, 0, "yes", np.bool_(True)):
       cls = _fresh_class()
       # The C++ registries' one check and message, for every function.
       with self.assertRaisesRegex(
           TypeError,
-          r"^preserve_relative_identities must be a bool, got \S+: "
-          + re.escape(repr(bad))
-          + "$",
+          r"^preserve_relative_identities must be a bool, or None to follow "
+          r"the class's bases, got \S+: " + re.escape(repr(bad)) + "$",
       ):
         _REGISTRATIONS[api](cls, bad)
       # A rejected registration registers nothing, in any registry.
@@ -169,6 +168,32 @@ class RegistrationTest(jtu.JaxTestCase):
       self.assertEqual(
           treedef == tree_util.tree_structure([cls(), cls()]), not flag
       )
+
+  @parameterized.named_parameters(
+      (f"{name}_base_{when}", name, when)
+      for name in _REGISTRATIONS
+      for when in ("before", "after")
+  )
+  def test_an_explicit_false_keeps_a_subclass_out_of_its_bases_opt_in(
+      self, api, when
+  ):
+    # None (the default) follows the base's opt-in, False stays out, True is
+    # in; the base opted in before or after the registrations.
+    base = type("Base", (), {})
+    if when == "before":
+      tree_util.preserve_relative_identities(base)
+    classes = {}
+    for flag in (None, False, True):
+      classes[flag] = type(f"Sub{flag}", (_fresh_class(), base), {})
+      _REGISTRATIONS[api](classes[flag], flag)
+    if when == "after":
+      tree_util.preserve_relative_identities(base)
+    for flag, cls in classes.items():
+      kept = flag is not False
+      self.assertEqual(tree_util.has_relative_identities(cls), kept)
+      obj = cls()
+      first, second = jax.jit(lambda pair: pair)((obj, obj))
+      self.assertEqual(first is second, kept, flag)
 
   def test_flag_defaults_to_false(self):
     node = PlainNode(np.float32(1.0))
