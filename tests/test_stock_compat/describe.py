@@ -55,7 +55,9 @@ def norm_msg(msg: str) -> str:
   for name in _MODULE_NAMES:
     msg = msg.replace(name + ".", "<pytree>.")
   msg = re.sub(
-      r",\s*\*,\s*preserve_relative_identities:\s*bool\s*=\s*\w+", "", msg
+      r",\s*\*,\s*preserve_relative_identities:\s*bool(\s*\|\s*None)?\s*=\s*\w+",
+      "",
+      msg,
   )
   msg = re.sub(
       r",\s*\*,\s*keeps_relative_identities:\s*bool\s*=\s*\w+", "", msg
