@@ -297,6 +297,45 @@ SITES = {
         SHARING,
         _PER_LEAF,
     ),
+    # 0041: the same class, found by its shape: a public function that maps
+    # the user's tree leaf by leaf (every collective of lax/parallel.py is a
+    # `tree_map(bind, x)`), or hands it on as given.
+    ("lax.parallel", "*", "tree_identities.tree_map"): (SHARING, _PER_LEAF),
+    ("ad_checkpoint", "checkpoint_name", "tree_identities.tree_map"): (
+        SHARING,
+        _PER_LEAF,
+    ),
+    ("xla_metadata", "set_xla_metadata", "tree_identities.tree_map"): (
+        SHARING,
+        _PER_LEAF,
+    ),
+    (
+        "lax.control_flow.loops",
+        "_batch_and_remainder",
+        "identity_default_registry.flatten",
+    ): (SHARING, _PER_LEAF),
+    ("lax.control_flow.loops", "map", "tree_identities.tree_map"): (
+        SHARING,
+        "lax.map's batches put back together as they were cut: each leaf "
+        "once",
+    ),
+    (
+        "debugging",
+        "_split_callback_args",
+        "identity_default_registry.flatten",
+    ): (
+        SHARING,
+        "the arguments jax.debug.callback hands the callback: as given",
+    ),
+    (
+        "checkify",
+        "checkify.checked_fun",
+        "tree_util.FlatTree.flatten[identity_tracing_registry]",
+    ): (
+        SHARING,
+        "checkify's result, handed back to the user: keeping relative "
+        "identities (its arguments are closed over)",
+    ),
     (
         "ad_checkpoint",
         "_remat_arguments",
