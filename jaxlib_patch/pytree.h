@@ -166,7 +166,10 @@ class PyTreeRegistry {
   int Traverse(visitproc visit, void* arg) const;
 
  private:
-  void Insert(std::unique_ptr<Registration> registration);
+  // `preserve_relative_identities` as RegisterNode takes it (nullopt for the
+  // builtin nodes, which never inherit an opt-in).
+  void Insert(std::unique_ptr<Registration> registration,
+              std::optional<bool> preserve_relative_identities = std::nullopt);
   // Whether `type` derives from (or is) a class given to
   // OptInRelativeIdentities.
   bool InheritsOptIn(PyTypeObject* type) const;

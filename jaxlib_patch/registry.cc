@@ -53,13 +53,16 @@ PyTreeRegistry::~PyTreeRegistry() {
   twins.erase(std::find(twins.begin(), twins.end(), this));
 }
 
-void PyTreeRegistry::Insert(std::unique_ptr<Registration> registration) {
+void PyTreeRegistry::Insert(std::unique_ptr<Registration> registration,
+                            std::optional<bool> preserve_relative_identities) {
   auto* type = reinterpret_cast<PyTypeObject*>(registration->type.ptr());
-  if ((registration->kind == PyTreeKind::kCustom ||
-       registration->kind == PyTreeKind::kDataclass) &&
-      !registration->declines_relative_identities && InheritsOptIn(type)) {
-    registration->preserve_relative_identities = true;
-  }
+  const bool registered_class = registration->kind == PyTreeKind::kCustom ||
+                                registration->kind == PyTreeKind::kDataclass;
+  registration->declines_relative_identities =
+      preserve_relative_identities == false;
+  registration->preserve_relative_identities =
+      preserve_relative_identities.value_or(registered_class &&
+                                            InheritsOptIn(type));
   if (const Registration* existing = Lookup(type)) {
     const char* what =
         registration->kind == PyTreeKind::kDataclass
@@ -99,11 +102,7 @@ void PyTreeRegistry::RegisterNode(
   registration->to_iterable = std::move(to_iterable);
   registration->from_iterable = std::move(from_iterable);
   registration->to_iterable_with_keys = std::move(to_iterable_with_keys);
-  registration->preserve_relative_identities =
-      preserve_relative_identities.value_or(false);
-  registration->declines_relative_identities =
-      preserve_relative_identities == false;
-  Insert(std::move(registration));
+  Insert(std::move(registration), preserve_relative_identities);
 }
 
 void PyTreeRegistry::RegisterDataclassNode(
@@ -115,11 +114,7 @@ void PyTreeRegistry::RegisterDataclassNode(
   registration->type = std::move(type);
   registration->data_fields = std::move(data_fields);
   registration->meta_fields = std::move(meta_fields);
-  registration->preserve_relative_identities =
-      preserve_relative_identities.value_or(false);
-  registration->declines_relative_identities =
-      preserve_relative_identities == false;
-  Insert(std::move(registration));
+  Insert(std::move(registration), preserve_relative_identities);
 }
 
 const PyTreeRegistry::Registration* PyTreeRegistry::Lookup(

@@ -114,11 +114,13 @@ def shared_trees(draw):
     inner = draw(st.sampled_from(params))
     params.append(
         draw(
-            st.sampled_from([
-                Param(_leaf(draw(st.integers(0, 9)))),
-                Param((inner, inner)),
-                Param({"w": inner, "b": _leaf(1)}),
-            ])
+            st.sampled_from(
+                [
+                    Param(_leaf(draw(st.integers(0, 9)))),
+                    Param((inner, inner)),
+                    Param({"w": inner, "b": _leaf(1)}),
+                ]
+            )
         )
     )
   param = st.sampled_from(params)
