@@ -29,6 +29,7 @@ from jax import tree_util
 from jax._src import test_util as jtu
 from jax.ad_checkpoint import checkpoint_name
 from jax.experimental import checkify
+from jax.experimental.xla_metadata import set_xla_metadata
 from jax.sharding import PartitionSpec
 
 LENGTH = 4
@@ -89,6 +90,7 @@ CASES = {
     "pmean": _in_shard_map(lax.pmean),
     "pmax": _in_shard_map(lax.pmax),
     "checkpoint_name": lambda tree: checkpoint_name(tree, "block"),
+    "set_xla_metadata": lambda tree: set_xla_metadata(tree, stage="one"),
     "checkpoint_name_under_grad": lambda tree: jax.grad(
         lambda t: sum(
             jnp.sum(x) for x in jax.tree.leaves(checkpoint_name(t, "b"))
