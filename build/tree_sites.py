@@ -1,5 +1,6 @@
-"""Every place in the patched ``jax/_src`` that flattens, unflattens or
-compares pytrees, with the layout it uses, and a check that none is unlisted.
+"""Every place in the patched ``jax/_src`` and ``jax/experimental`` that
+flattens, unflattens or compares pytrees, with the layout it uses, and a
+check that none is unlisted.
 
     python build/tree_sites.py [--jax DIR] [--write-doc | --check-doc]
 
@@ -33,6 +34,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tree_sites_declared  # noqa: E402
+import tree_sites_experimental  # noqa: E402
+import tree_sites_per_function  # noqa: E402
 from tree_sites_scan import (  # noqa: E402
     FOLLOWS,
     SHARING,
@@ -90,7 +93,11 @@ class Declarations:
 def declared_lists() -> Declarations:
   """The lists of ``tree_sites_declared.py``."""
   return Declarations(
-      tree_sites_declared.SITES,
+      {
+          **tree_sites_declared.SITES,
+          **tree_sites_per_function.SITES,
+          **tree_sites_experimental.SITES,
+      },
       tree_sites_declared.REGISTRIES,
   )
 
@@ -109,7 +116,7 @@ def find_sites(jax_dir: Path, declared: Declarations) -> list[Site]:
   tree_functions = library_summaries(source, declared)
   sites = []
   for module in sorted(source.trees):
-    if module.startswith("jax._src"):
+    if module.startswith(("jax._src", "jax.experimental")):
       scan = Scan(source, module, tree_functions)
       scan.visit(source.trees[module])
       sites.extend(scan.sites)
@@ -215,7 +222,9 @@ def render(sites: list[Site], declared: Declarations) -> str:
   out += [f"- **{l}**: {words}" for l, words in LAYOUT_WORDS.items()]
   out += [
       "",
-      "## Declared in `build/tree_sites_declared.py`",
+      "## Declared in `build/tree_sites_declared.py`, "
+      "`build/tree_sites_per_function.py` and "
+      "`build/tree_sites_experimental.py`",
       "",
       "| module | function | call | sites | layout | why |",
       "|---|---|---|---|---|---|",

@@ -25,12 +25,12 @@ REGISTRIES = {
 
 _PUBLIC = "the public jax.tree / jax.tree_util API: the user's trees"
 _CALL = "jit's arguments, one identity scope per call"
-_RESULTS = "results follow arguments: in the arguments' layout"
+RESULTS = "results follow arguments: in the arguments' layout"
 _STRUCTURE_ERROR = (
     "an error message: says where two trees differ in their " "sharing"
 )
 
-_PER_LEAF = (
+PER_LEAF = (
     "a function of each leaf of the user's tree: each leaf once, the tree's "
     "ties kept in what it returns"
 )
@@ -128,11 +128,11 @@ SITES = {
     ),
     ("api_util", "flatten_fun", "in_layout_of(...).flatten"): (
         FOLLOWS,
-        _RESULTS,
+        RESULTS,
     ),
     ("api_util", "flatten_fun_nokwargs", "in_layout_of(...).flatten"): (
         FOLLOWS,
-        _RESULTS,
+        RESULTS,
     ),
     ("api_util", "flatten_axes", "in_layout_of(...).flatten"): (
         FOLLOWS,
@@ -150,33 +150,33 @@ SITES = {
     ),
     ("interpreters.partial_eval", "trace_to_jaxpr", "in_layout_of"): (
         FOLLOWS,
-        _RESULTS + " (jit's, a loop's carry)",
+        RESULTS + " (jit's, a loop's carry)",
     ),
     (
         "interpreters.partial_eval",
         "trace_to_jaxpr",
         "tree_util.FlatTree.flatten[out_registry]",
-    ): (FOLLOWS, _RESULTS),
+    ): (FOLLOWS, RESULTS),
     (
         "interpreters.batching",
         "flatten_fun_for_vmap",
         "in_layout_of(...).flatten",
-    ): (FOLLOWS, _RESULTS + " (vmap)"),
+    ): (FOLLOWS, RESULTS + " (vmap)"),
     ("interpreters.ad", "jvp", "in_layout_of"): (
         FOLLOWS,
-        _RESULTS + ": the primals' (the registry for the two below)",
+        RESULTS + ": the primals' (the registry for the two below)",
     ),
     ("interpreters.ad", "jvp", "tree_util.FlatTree.flatten[registry]"): (
         FOLLOWS,
-        _RESULTS + ": the primals', has_aux's aux as the result",
+        RESULTS + ": the primals', has_aux's aux as the result",
     ),
     ("interpreters.ad", "linearize", "in_layout_of"): (
         FOLLOWS,
-        _RESULTS + ": the primals' (the registry for the two below)",
+        RESULTS + ": the primals' (the registry for the two below)",
     ),
     ("interpreters.ad", "linearize", "tree_util.FlatTree.flatten[registry]"): (
         FOLLOWS,
-        _RESULTS + ": the primals', has_aux's aux as the result",
+        RESULTS + ": the primals', has_aux's aux as the result",
     ),
     # jit, AOT.
     ("pjit", "_flatten_dynamic_args", "identity_tracing_registry.flatten"): (
@@ -249,7 +249,7 @@ SITES = {
     ),
     ("pmap", "_cached_shard_map._fun", "in_layout_of(...).flatten"): (
         FOLLOWS,
-        _RESULTS + " (pmap's)",
+        RESULTS + " (pmap's)",
     ),
     ("pmap", "_get_in_axes_flat", "in_layout_of(...).flatten"): (
         FOLLOWS,
@@ -283,67 +283,19 @@ SITES = {
     ),
     ("api", "device_get", "identity_default_registry.flatten"): (
         SHARING,
-        _PER_LEAF,
+        PER_LEAF,
     ),
     ("api", "block_until_ready", "identity_default_registry.flatten"): (
         SHARING,
-        _PER_LEAF,
+        PER_LEAF,
     ),
     ("lax.lax", "stop_gradient", "tree_identities.tree_map"): (
         SHARING,
-        _PER_LEAF,
+        PER_LEAF,
     ),
     ("lax.lax", "optimization_barrier", "identity_default_registry.flatten"): (
         SHARING,
-        _PER_LEAF,
-    ),
-    # 0041: the same class, found by its shape: a public function that maps
-    # the user's tree leaf by leaf (every collective of lax/parallel.py is a
-    # `tree_map(bind, x)`), or hands it on as given.
-    ("lax.parallel", "*", "tree_identities.tree_map"): (SHARING, _PER_LEAF),
-    ("ad_checkpoint", "checkpoint_name", "tree_identities.tree_map"): (
-        SHARING,
-        _PER_LEAF,
-    ),
-    ("xla_metadata", "set_xla_metadata", "tree_identities.tree_map"): (
-        SHARING,
-        _PER_LEAF,
-    ),
-    (
-        "lax.control_flow.loops",
-        "_batch_and_remainder",
-        "identity_default_registry.flatten",
-    ): (SHARING, _PER_LEAF),
-    ("lax.control_flow.loops", "map", "tree_identities.tree_map"): (
-        SHARING,
-        "lax.map's batches put back together as they were cut: each leaf "
-        "once",
-    ),
-    (
-        "debugging",
-        "_split_callback_args",
-        "identity_default_registry.flatten",
-    ): (
-        SHARING,
-        "the arguments jax.debug.callback hands the callback: as given",
-    ),
-    (
-        "checkify",
-        "checkify.checked_fun",
-        "tree_util.FlatTree.flatten[identity_tracing_registry]",
-    ): (
-        SHARING,
-        "checkify's result, handed back to the user: keeping relative "
-        "identities (its arguments are closed over)",
-    ),
-    (
-        "ad_checkpoint",
-        "_remat_arguments",
-        "identity_tracing_registry.flatten",
-    ): (
-        SHARING,
-        "checkpoint's arguments: an entry point, as jit's (its function sees "
-        "the ties, and returns them)",
+        PER_LEAF,
     ),
     ("api", "vjp", "tree_util.FlatTree.flatten[identity_tracing_registry]"): (
         SHARING,
@@ -404,7 +356,7 @@ SITES = {
         "shard_map",
         "_shard_map.wrapped.f_wrapped",
         "tree_util.FlatTree.flatten[in_layout_of(...)]",
-    ): (FOLLOWS, _RESULTS + " (shard_map's)"),
+    ): (FOLLOWS, RESULTS + " (shard_map's)"),
     ("api", "device_put", "identity_default_registry.flatten"): (
         SHARING,
         "device_put: one buffer per unique leaf",

@@ -80,9 +80,10 @@ class Source:
 
   def __init__(self, jax_dir: Path, declared_registries: dict):
     self.trees, self.names, self.paths = {}, {}, {}
-    src = jax_dir / "_src"
-    for path in sorted(src.rglob("*.py")):
-      self._add(path, jax_dir.parent)
+    # jax.experimental too: its public functions take the user's trees.
+    for folder in ("_src", "experimental"):
+      for path in sorted((jax_dir / folder).rglob("*.py")):
+        self._add(path, jax_dir.parent)
     for public in PUBLIC:
       path = jax_dir.parent / (public.replace(".", "/") + ".py")
       if path.exists():

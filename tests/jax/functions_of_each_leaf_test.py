@@ -1,6 +1,6 @@
 """Public functions that map the tree the user hands over leaf by leaf, or
-hand it on as given, and give a tree back (patches 0040 and 0041): each
-keeps the ties of the tree it was given and computes stock's values.
+hand it on as given, and give a tree back (patches 0040, 0041 and 0042):
+each keeps the ties of the tree it was given and computes stock's values.
 
 Every case runs on generated trees (lists of a few opted-in `Param`s, some
 at several places, some holding another: leaves of shape (4,)), and is
@@ -78,7 +78,23 @@ def _mapped(batch_size):
   )
 
 
+def _scanned(reverse):
+  return lambda tree: lax.associative_scan(
+      lambda a, b: jax.tree.map(jnp.add, a, b), tree, reverse=reverse
+  )
+
+
+_sine_composite = lax.composite(
+    lambda t: jax.tree.map(jnp.sin, t), name="test.sine"
+)
+
+
 CASES = {
+    "associative_scan": _scanned(False),
+    "associative_scan_reversed": _scanned(True),
+    "associative_scan_under_jit": jax.jit(_scanned(False)),
+    "composite": _sine_composite,
+    "composite_under_jit": jax.jit(_sine_composite),
     "checkify": _checkified,
     "checkify_under_jit": _checkified_under_jit,
     "debug_callback": functools.partial(_callback_receives, lambda f: f),

@@ -1,4 +1,5 @@
-"""JAX's public surface with opted-in nodes computes what stock computes.
+"""JAX's public surface with opted-in nodes computes what stock computes,
+and keeps the ties it was given or says so.
 
 A generated differential test (issue 31): each public function of jax,
 jax.lax, jax.tree_util, jax.tree, jax.scipy.sparse.linalg,
@@ -12,7 +13,10 @@ as stock does, read in stock's layout (`surface_oracle.py`: a tied
 gradient is the sum of its copies'; the public tree functions list a tied
 node's leaves once); for one case of each adapter, stock JAX itself in a
 child process (`surface_stock.py`). Test ids name the API, the sharing
-pattern, the user function's mode and the differentiation.
+pattern, the user function's mode and the differentiation. Where the user
+function returns the ties it was given, every returned tree laid out as the
+arguments keeps their ties, or the call told of the split
+(`test_ties_kept_or_told`).
 """
 
 import json
@@ -53,25 +57,53 @@ def _params(cases):
 _OURS = {}
 
 
-def _ours(case):
-  """The case's result with the opt-in, computed once per session. A user
-  function that returns less sharing than it was given splits a tie, and
-  the call tells of it: recorded here (whether each returned tree keeps
-  the tie or the call told is not judged yet: a known gap)."""
+def _run_ours(case):
+  """The case's arguments, result with the opt-in and the splits it told
+  of, computed once per session. A user function that returns less sharing
+  than it was given splits a tie, and the call tells of it."""
   if case.id not in _OURS:
     with warnings.catch_warnings(record=True) as told:
       warnings.simplefilter("always", tree_util.SplitTieWarning)
-      _OURS[case.id] = surface_table.run_case(case, nodes.OPTED)
+      args, result = surface_table.run_case_with_args(case, nodes.OPTED)
     for warning in told:
       assert issubclass(warning.category, tree_util.SplitTieWarning), warning
       assert "split a tie" in str(warning.message), warning
+    _OURS[case.id] = args, result, told
   return _OURS[case.id]
+
+
+def _ours(case):
+  return _run_ours(case)[1]
 
 
 @pytest.mark.parametrize("case", _params(surface_table.CASES))
 def test_same_as_twins_not_opted_in(case):
   twin = surface_oracle.reference(surface_table.run_case(case, nodes.PLAIN))
   surface_oracle.check(_ours(case), twin)
+
+
+# The cases whose user functions return the ties they were given, on
+# arguments that share: each returned tree laid out as the arguments (or as
+# one of them) keeps their ties, or the call told of the split. Not judged:
+# APIs whose result is by definition made of trees flattened one by one.
+SEPARATE_SCOPES = {
+    "jax.tree_util.treedef_tuple": "joins treedefs of arguments flattened "
+    "one by one: a node in two of them is in none's sharing",
+}
+TIED_CASES = [
+    c
+    for c in surface_table.CASES
+    if c.pattern != "distinct"
+    and c.fn_mode in ("keep", "-")
+    and c.diff == "none"  # A derivative's ties are test_same_as_twins'.
+    and c.api not in SEPARATE_SCOPES
+]
+
+
+@pytest.mark.parametrize("case", _params(TIED_CASES))
+def test_ties_kept_or_told(case):
+  args, result, told = _run_ours(case)
+  surface_oracle.check_ties(result, args, told, as_given=case.fn_mode == "-")
 
 
 def _stock_sample():

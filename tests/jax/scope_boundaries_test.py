@@ -25,6 +25,7 @@ from jax.experimental import io_callback
 from jax.experimental.ode import odeint
 from jax.scipy.sparse.linalg import bicgstab, cg
 
+import training
 from shared_nodes import Param
 
 
@@ -516,19 +517,10 @@ class IssueCasesTest(jtu.JaxTestCase):
     self.assertAllClose(x.value, stock.value, atol=1e-6)
 
   def test_lbfgs_on_opted_in_params(self):
-    import optax
-
     def run(cls):
       params = {"w": cls(jnp.array([1.0, -2.0])), "b": cls(jnp.array(0.5))}
       loss = lambda p: jnp.sum((p["w"].value - 3.0) ** 2) + p["b"].value ** 2
-      opt = optax.lbfgs()
-      state = opt.init(params)
-      for _ in range(3):
-        value, grad = jax.value_and_grad(loss)(params)
-        updates, state = opt.update(
-            grad, state, params, value=value, grad=grad, value_fn=loss
-        )
-        params = optax.apply_updates(params, updates)
+      params = training.lbfgs_steps(params, loss, 3)
       return [params["w"].value, params["b"].value]
 
     for got, want in zip(run(Param), run(PlainParam)):

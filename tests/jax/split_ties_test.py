@@ -17,9 +17,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest
+from jax._src import config
 from jax._src import test_util as jtu
 from jax._src.tree_util import SharedPrefixError
 
+import training
 from shared_nodes import Param
 
 
@@ -148,6 +150,34 @@ class SplitTiesTest(jtu.JaxTestCase):
     )
     self.assertIs(kept[0], kept[1])
 
+  def test_scan3_keeps_the_carrys_tie_or_tells_as_scan_does(self):
+    w = Param(jnp.ones(2))
+
+    def splits(carry, x):
+      a, b = carry
+      return (Param(a.value + x), Param(b.value * 2)), a.value
+
+    def keeps(carry, x):
+      y = carry[0].value * 2 + x
+      return (Param(y), Param(y)), y
+
+    with config.scan3(True):
+      with self.assertRaisesRegex(
+          jax.tree_util.SplitTieError,
+          r"jax\.lax\.scan .* at init\[0\] and init\[1\]",
+      ):
+        jax.lax.scan(splits, (w, w), jnp.arange(3.0))
+      (a, b), ys = jax.lax.scan(keeps, (w, w), jnp.arange(3.0))
+      self.assertIs(a, b)
+      np.testing.assert_allclose(ys[:, 0], [2.0, 5.0, 12.0])
+      jax.config.update("jax_split_ties", "allow")
+      (a, b), ys = jax.lax.scan(splits, (w, w), jnp.arange(3.0))
+    # Stock's values: a copy per place.
+    self.assertIsNot(a, b)
+    np.testing.assert_allclose(a.value, [4.0, 4.0])
+    np.testing.assert_allclose(b.value, [8.0, 8.0])
+    np.testing.assert_allclose(ys[:, 0], [1.0, 1.0, 2.0])
+
   def test_a_loop_body_returning_the_same_values_at_both_places_keeps_the_tie(
       self,
   ):
@@ -241,6 +271,39 @@ class SplitTiesTest(jtu.JaxTestCase):
         out = vmap(f, in_axes=spec)(pair)
       np.testing.assert_array_equal(out, expected)
 
+  def test_the_users_own_tuple_holding_one_node_twice_is_the_users_tie(self):
+    # Library code that fills a tuple's slots with one object is not told
+    # (above); the same tuple built by the user is the user's tie.
+    p = Param(jnp.array([1.0, 2.0]))
+    with self.assertRaisesRegex(
+        jax.tree_util.SplitTieError, r"at tree\[0\] and tree\[1\]"
+    ):
+      jax.tree.map(lambda x, y: x * y, (p, p), (Param(1.0), Param(2.0)))
+
+  def test_library_steps_on_untied_and_tied_models_are_not_told(self):
+    import equinox as eqx  # pylint: disable=g-import-not-at-top
+    import optax  # pylint: disable=g-import-not-at-top
+
+    # An opted-in model that shares nothing, under a masked chain.
+    untied = Model(
+        Param(jnp.ones((2, 2))), Param(jnp.ones((2, 2))), Param(jnp.ones(2))
+    )
+    mask = Model(Param(True), Param(False), Param(False))
+    tx = optax.chain(
+        optax.masked(optax.add_decayed_weights(0.1), mask), optax.sgd(0.1)
+    )
+    updates, _ = tx.update(jax.grad(loss)(untied), tx.init(untied), untied)
+    new = optax.apply_updates(untied, updates)
+    np.testing.assert_allclose(new.c.value, 0.8, rtol=1e-5)  # Not decayed.
+    # Equinox's value_and_grad handing the tied model back as aux.
+    m = tied_model()
+    (value, aux), grad = eqx.filter_value_and_grad(
+        lambda m: (loss(m), m), has_aux=True
+    )(m)
+    self.assertIs(aux.a, aux.b)
+    self.assertIs(grad.a, grad.b)
+    np.testing.assert_allclose(value, loss(m))
+
   def test_incidental_aliasing_in_libraries_is_not_reported(self):
     import equinox.internal as eqxi  # pylint: disable=g-import-not-at-top
     import optax  # pylint: disable=g-import-not-at-top
@@ -262,6 +325,12 @@ class SplitTiesTest(jtu.JaxTestCase):
       )
       m = optax.apply_updates(m, updates)
     self.assertIs(m.a, m.b)
+    # A model that is one node: Optax fills two slots of its state with one
+    # object and maps them apart.
+    single = training.lbfgs_steps(
+        Param(jnp.array([1.0, 2.0])), lambda q: jnp.sum(q.value**2), 2
+    )
+    np.testing.assert_allclose(single.value, 0.0, atol=1e-5)
     out = eqxi.while_loop(
         lambda c: c[0] < 3,
         lambda c: (c[0] + 1, jax.tree.map(lambda v: v * 2, c[1])),

@@ -115,3 +115,49 @@ def _equal(x, y):
     return x == y
   x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
   return x.shape == y.shape and np.allclose(x, y, rtol=RTOL, atol=ATOL)
+
+
+def _labels(tree):
+  """The places of `tree` (stock's order): their paths, and a label per
+  place that two places share when they hold one leaf of one node object."""
+  groups = {}
+  found = nodes.places_with_groups(tree)
+  paths = [path for _, _, path in found]
+  return paths, [groups.setdefault(group, len(groups)) for _, group, _ in found]
+
+
+def check_ties(result, args, told, as_given):
+  """Raises AssertionError where a `same` part of `result` has the places
+  of `args` (or of one argument) and holds two objects where that input
+  held one, unless the call told of a split (`told`, its warnings). With
+  `as_given` (an API that takes no user function) a part is that input
+  only where it holds the input's values."""
+  if told:
+    return
+  inputs = [args, *args]
+  for n, part in enumerate(programs.parts(result)):
+    if part.kind != "same":
+      continue
+    paths, got = _labels(part.value)
+    for given in inputs:
+      given_paths, expected = _labels(given)
+      if given_paths != paths or (
+          as_given and not _same_values(part.value, given)
+      ):
+        continue
+      first = {}
+      for i, label in enumerate(expected):
+        j = first.setdefault(label, i)
+        if got[i] != got[j]:
+          raise AssertionError(
+              f"part {n}: places {paths[j]} and {paths[i]} are one object in "
+              "the input and two in the result, and the call said nothing"
+          )
+      break
+
+
+def _same_values(a, b):
+  return all(
+      _equal(nodes.as_plain(x), nodes.as_plain(y))
+      for x, y in zip(nodes.places(a), nodes.places(b))
+  )

@@ -239,10 +239,19 @@ def tangents_like(args):
 
 def run_case(case, fam):
   """The case's result on the node family `fam`."""
+  return run_case_with_args(case, fam)[1]
+
+
+def run_case_with_args(case, fam):
+  """The case's arguments, and its result on the node family `fam`."""
   a = ADAPTERS[case.api]
   args = build_args(
       case.pattern, fam, a.n_args, np.random.default_rng(case.seed)
   )
+  return args, _run(case, a, args, fam)
+
+
+def _run(case, a, args, fam):
   fn = UserFn(case.fn_mode, fam) if case.fn_mode != "-" else None
   program = lambda *xs: a.call(xs, fn, fam)
   if case.diff == "none":

@@ -11,3 +11,7 @@ CASES = surface_programs.cases()
 
 def run_case(case, fam=surface_programs.nodes.OPTED):
   return surface_programs.run_case(case, fam)
+
+
+def run_case_with_args(case, fam=surface_programs.nodes.OPTED):
+  return surface_programs.run_case_with_args(case, fam)

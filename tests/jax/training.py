@@ -30,3 +30,19 @@ def as_floats(tree):
       np.asarray(leaf, np.float64).ravel().tolist()
       for leaf in jax.tree.leaves(tree)
   ]
+
+
+def lbfgs_steps(params, loss, steps):
+  """`params` after `steps` steps of Optax's L-BFGS on `loss`, its value
+  and gradient computed by jax.value_and_grad."""
+  import optax  # pylint: disable=g-import-not-at-top
+
+  opt = optax.lbfgs()
+  state = opt.init(params)
+  for _ in range(steps):
+    value, grad = jax.value_and_grad(loss)(params)
+    updates, state = opt.update(
+        grad, state, params, value=value, grad=grad, value_fn=loss
+    )
+    params = optax.apply_updates(params, updates)
+  return params
