@@ -132,15 +132,36 @@ SITES = {
         "_variadic_reduction_jaxpr",
         "tree_util.FlatTree.flatten_args[in_layout_of(...)]",
     ): (FOLLOWS, RESULTS),
-    ("custom_batching", "custom_vmap.__call__", "tree_identities.tree_structure"): (
+    (
+        "custom_batching",
+        "custom_vmap.__call__",
+        "tree_identities.tree_structure",
+    ): (
         SHARING,
         "only the ties of the arguments, for the call to tell that its "
         "function returned a copy per place",
     ),
-    ("custom_derivatives", "closure_convert", "tree_identities.tree_structure"): (
+    (
+        "custom_derivatives",
+        "closure_convert",
+        "tree_identities.tree_structure",
+    ): (
         SHARING,
         "only the ties of the example arguments, for the call to tell that "
         "the converted function returns a copy per place",
+    ),
+    (
+        "compute_on",
+        "_compute_on2.wrapped",
+        "identity_default_registry.flatten",
+    ): (
+        SHARING,
+        "compute_on2's arguments: an entry point, as jit's (its function "
+        "sees the ties, and returns them)",
+    ),
+    ("pjit", "with_layout_constraint", "identity_default_registry.flatten"): (
+        SHARING,
+        PER_LEAF,
     ),
     ("pjit", "reshard", "identity_default_registry.flatten"): (
         SHARING,

@@ -181,9 +181,9 @@ class NeverWorseThanStockTest(jtu.JaxTestCase):
     self.assertSameValues(self._scan_whose_carry_sharing_changes, splits=True)
 
   def test_scan3_body_returns_a_namedtuple_while_the_carry_unties(self):
-    # scan3's carry splits the tie without telling (a known gap).
+    # Told as scan tells it.
     with jax_config.scan3(True):
-      self.assertSameValues(self._scan_whose_carry_sharing_changes)
+      self.assertSameValues(self._scan_whose_carry_sharing_changes, splits=True)
 
   def test_custom_linear_solve_with_one_node_as_two_operands(self):
     def program(cls, box):

@@ -193,10 +193,15 @@ PROGRAMS = [
 ]
 
 
-# The programs that update the two roles apart in a loop carry: they split
-# the tie on purpose, and the user is told (split_ties_test.py), which these
-# value checks allow.
-SPLIT_ON_PURPOSE = {loop_updates_two_slots_apart, while_updates_two_slots_apart}
+# The programs that update the two roles apart in a loop carry, or whose
+# branches return them one object and two: they split the tie on purpose,
+# and the user is told (split_ties_test.py, ties_told_once_test.py), which
+# these value checks allow.
+SPLIT_ON_PURPOSE = {
+    loop_updates_two_slots_apart,
+    while_updates_two_slots_apart,
+    cond_branches_share_differently,
+}
 
 
 def _shared_and_stock(program, value, k, jit, splits=False):

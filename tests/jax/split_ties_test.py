@@ -216,7 +216,16 @@ class SplitTiesTest(jtu.JaxTestCase):
     for pred in (True, False):
       first, second = jax.lax.cond(pred, tied, same, w)
       self.assertIs(first, second)
-      first, second = jax.lax.cond(pred, tied, other, w)
+      # A branch that returns other values there splits the tie the other
+      # returns: told.
+      with self.assertRaisesRegex(
+          jax.tree_util.SplitTieError,
+          r"jax\.lax\.cond split a tie: the Param at result\[0\] and "
+          r"result\[1\] is one object in what a branch returned",
+      ):
+        jax.lax.cond(pred, tied, other, w)
+      with config.split_ties("allow"):
+        first, second = jax.lax.cond(pred, tied, other, w)
       self.assertIsNot(first, second)
       np.testing.assert_allclose(
           second.value, [1.0, 2.0] if pred else [2.0, 3.0]

@@ -18,6 +18,20 @@ NAMESPACES = (
     "jax.custom_derivatives",
     "jax.debug",
     "jax.experimental",
+    "jax.experimental.checkify",
+    "jax.experimental.compute_on",
+    "jax.experimental.jet",
+    "jax.experimental.layout",
+    "jax.experimental.multihost_utils",
+    "jax.experimental.sparse",
+    "jax.flatten_util",
+)
+# Modules whose own functions are their API: the names they import from
+# elsewhere are not.
+OWN_FUNCTIONS_ONLY = (
+    "jax.experimental.ode",
+    "jax.experimental.jet",
+    "jax.experimental.multihost_utils",
 )
 
 # The public names of the opt-in itself; some of them only in some versions
@@ -40,6 +54,9 @@ EXERCISED_BY = {
     "jax.custom_derivatives.SymbolicZero": "jax.custom_vjp[symbolic_zeros]",
     "jax.effects_barrier": "jax.debug.callback",
     "jax.make_mesh": "jax.shard_map",
+    "jax.experimental.multihost_utils.global_array_to_host_local_array": (
+        "jax.experimental.multihost_utils.host_local_array_to_global_array"
+    ),
 }
 
 _REASONS = {
@@ -138,6 +155,82 @@ _REASONS = {
         jax.experimental.ode.ravel_first_arg
         jax.experimental.ode.runge_kutta_step
     """,
+    "jet's rules and tracer types, public by accident; jet itself takes "
+    "a tuple of arrays, refusing a node (as stock does)": """
+        jax.experimental.jet.JetTrace jax.experimental.jet.JetTracer
+        jax.experimental.jet.ZeroSeries jax.experimental.jet.ZeroTerm
+        jax.experimental.jet.def_comp jax.experimental.jet.def_deriv
+        jax.experimental.jet.deflinear jax.experimental.jet.defzero
+        jax.experimental.jet.deriv_prop jax.experimental.jet.fact
+        jax.experimental.jet.jet jax.experimental.jet.linear_prop
+        jax.experimental.jet.zero_prop
+    """,
+    "multihost_utils' primitives' rules, and calls about processes and "
+    "devices that take no tree": """
+        jax.experimental.multihost_utils.ProcessFailureError
+        jax.experimental.multihost_utils.global_array_to_host_local_array_impl
+        jax.experimental.multihost_utils.gtl_abstract_eval
+        jax.experimental.multihost_utils.host_local_array_to_global_array_impl
+        jax.experimental.multihost_utils.live_devices
+        jax.experimental.multihost_utils.ltg_abstract_eval
+        jax.experimental.multihost_utils.ltg_batcher
+        jax.experimental.multihost_utils.reached_preemption_sync_point
+        jax.experimental.multihost_utils.sync_global_devices
+    """,
+    "checkify's checks and error types: a predicate and a message, the "
+    "checked function's own calls (the checkify adapter calls check)": """
+        jax.experimental.checkify.Error jax.experimental.checkify.ErrorCategory
+        jax.experimental.checkify.JaxRuntimeError
+        jax.experimental.checkify.check jax.experimental.checkify.check_error
+        jax.experimental.checkify.debug_check
+    """,
+    "a context manager, or a type of layouts: no tree": """
+        jax.experimental.compute_on.compute_on
+        jax.experimental.layout.Format jax.experimental.layout.Layout
+    """,
+    "sparse arrays and functions of them (BCOO, BCSR, COO, CSR, CSC): no "
+    "tree of the user's": """
+        jax.experimental.sparse.BCOO jax.experimental.sparse.BCSR
+        jax.experimental.sparse.COO jax.experimental.sparse.CSC
+        jax.experimental.sparse.CSR
+        jax.experimental.sparse.CuSparseEfficiencyWarning
+        jax.experimental.sparse.JAXSparse
+        jax.experimental.sparse.SparseEfficiencyError
+        jax.experimental.sparse.SparseEfficiencyWarning
+        jax.experimental.sparse.SparseTracer
+        jax.experimental.sparse.bcoo_broadcast_in_dim
+        jax.experimental.sparse.bcoo_concatenate
+        jax.experimental.sparse.bcoo_conv_general_dilated
+        jax.experimental.sparse.bcoo_dot_general
+        jax.experimental.sparse.bcoo_dot_general_sampled
+        jax.experimental.sparse.bcoo_dynamic_slice
+        jax.experimental.sparse.bcoo_extract
+        jax.experimental.sparse.bcoo_fromdense jax.experimental.sparse.bcoo_gather
+        jax.experimental.sparse.bcoo_multiply_dense
+        jax.experimental.sparse.bcoo_multiply_sparse
+        jax.experimental.sparse.bcoo_reduce_sum
+        jax.experimental.sparse.bcoo_reshape jax.experimental.sparse.bcoo_rev
+        jax.experimental.sparse.bcoo_slice
+        jax.experimental.sparse.bcoo_sort_indices
+        jax.experimental.sparse.bcoo_squeeze
+        jax.experimental.sparse.bcoo_sum_duplicates
+        jax.experimental.sparse.bcoo_todense
+        jax.experimental.sparse.bcoo_transpose
+        jax.experimental.sparse.bcoo_update_layout
+        jax.experimental.sparse.bcsr_broadcast_in_dim
+        jax.experimental.sparse.bcsr_concatenate
+        jax.experimental.sparse.bcsr_dot_general
+        jax.experimental.sparse.bcsr_extract
+        jax.experimental.sparse.bcsr_fromdense
+        jax.experimental.sparse.bcsr_sum_duplicates
+        jax.experimental.sparse.bcsr_todense
+        jax.experimental.sparse.coo_fromdense jax.experimental.sparse.coo_matmat
+        jax.experimental.sparse.coo_matvec jax.experimental.sparse.coo_todense
+        jax.experimental.sparse.csr_fromdense jax.experimental.sparse.csr_matmat
+        jax.experimental.sparse.csr_matvec jax.experimental.sparse.csr_todense
+        jax.experimental.sparse.empty jax.experimental.sparse.eye
+        jax.experimental.sparse.random_bcoo jax.experimental.sparse.todense
+    """,
     "interactive: stops the program for a debugger": "jax.debug.breakpoint",
     "fails on stock 0.10.2 on CPU for every operand (its vmap rule calls "
     "take with a list; under shard_map it has no CPU lowering)": "jax.lax.pbroadcast",
@@ -164,7 +257,7 @@ def public_functions():
       obj = getattr(module, name)
       if name.startswith("_") or inspect.ismodule(obj) or not callable(obj):
         continue
-      if namespace == "jax.experimental.ode" and (
+      if namespace in OWN_FUNCTIONS_ONLY and (
           getattr(obj, "__module__", None) != namespace
       ):
         continue  # imported from elsewhere

@@ -1,6 +1,7 @@
 """Every adapter of the public-surface test, and the cases made from them."""
 
-import surface_api_jax  # noqa: F401  (each registers its adapters)
+import surface_api_experimental  # noqa: F401  (each registers its adapters)
+import surface_api_jax  # noqa: F401
 import surface_api_lax  # noqa: F401
 import surface_api_tree  # noqa: F401
 import surface_programs

@@ -91,7 +91,9 @@ class TiesToldOnceTest(jtu.JaxTestCase):
     self.assertIn("at tree.a and tree.b", told[0])
     self.assertIn("tree_retie", told[0])
     self.assertNotIn("Usual causes", told[0])
-    self.assert_stocks_values(result, Model(Param(2 * p.value), Param(2 * p.value)))
+    self.assert_stocks_values(
+        result, Model(Param(2 * p.value), Param(2 * p.value))
+    )
     # tree_retie, which the warning names, ties it again.
     retied = tree_util.tree_retie(result, model)
     self.assertIs(retied.a, retied.b)
@@ -134,8 +136,8 @@ class TiesToldOnceTest(jtu.JaxTestCase):
       (name, name, where)
       for name, where in (
           ("reduce", "operands[0] and operands[1]"),
-          ("cond", "operands[0].a and operands[0].b"),
-          ("switch", "operands[0].a and operands[0].b"),
+          ("cond", "result.a and result.b"),
+          ("switch", "result.a and result.b"),
           ("custom_vmap", "args[0].a and args[0].b"),
           ("closure_convert", "example_args[0].a and example_args[0].b"),
       )
@@ -183,7 +185,9 @@ class TiesToldOnceTest(jtu.JaxTestCase):
 
   def test_filter_vmap_called_at_two_lines_is_told_at_each(self):
     shared = Linear(jnp.ones((2, 3)))
-    mapped = eqx.filter_vmap(lambda m: m.a.w @ m.b.w.T, in_axes=(Pair(0, None),))
+    mapped = eqx.filter_vmap(
+        lambda m: m.a.w @ m.b.w.T, in_axes=(Pair(0, None),)
+    )
     _, first = _split_ties_told(lambda: mapped(Pair(shared, shared)))
     _, second = _split_ties_told(lambda: mapped(Pair(shared, shared)))
     self.assertLen(first, 1)

@@ -286,14 +286,24 @@ class ControlFlowSharingTest(jtu.JaxTestCase):
           pred, lambda m: m, lambda m: Model(m.dec, m.enc, m.bias), model
       )
       self.assertIs(out.enc, out.dec)
-    # Branches that share differently: the output shares where both do.
-    for pred in (True, False):
-      out = lax.cond(
-          pred,
-          lambda m: m,
-          lambda m: Model(Param(m.dec.value * 2), m.enc, m.bias),
-          model,
-      )
+    # Branches that share differently: the output shares where both do,
+    # and the user is told that the tie is split (once per function).
+    with self.assertWarnsRegex(
+        jax.tree_util.SplitTieWarning,
+        r"jax\.lax\.cond split a tie: the Param at result\.enc and "
+        r"result\.dec is one object in what a branch returned.* Another "
+        r"branch returns two objects",
+    ):
+      outs = [
+          lax.cond(
+              pred,
+              lambda m: m,
+              lambda m: Model(Param(m.dec.value * 2), m.enc, m.bias),
+              model,
+          )
+          for pred in (True, False)
+      ]
+    for pred, out in zip((True, False), outs):
       self.assertIsNot(out.enc, out.dec)
       self.assertAllClose(out.enc.value, jnp.ones(2) * (1 if pred else 2))
       self.assertAllClose(out.dec.value, jnp.ones(2))
