@@ -20,8 +20,6 @@ from surface_programs import (
     adapter,
     body,
     linear,
-    scalar_of,
-    summed,
 )
 
 
@@ -96,26 +94,6 @@ def _host_local_to_global(args, fn, fam):
 @adapter("jax.experimental.sparse.sparsify")
 def _sparsify(args, fn, fam):
   return sparse.sparsify(_user(fn))(*args)
-
-
-for _name, _transform in (
-    ("jax.experimental.sparse.grad", sparse.grad),
-    ("jax.experimental.sparse.jacfwd", sparse.jacfwd),
-    ("jax.experimental.sparse.jacrev", sparse.jacrev),
-    ("jax.experimental.sparse.jacobian", sparse.jacobian),
-):
-
-  @adapter(_name, diffs=ONE_SHOT)
-  def _sparse_derivative(args, fn, fam, transform=_transform):
-    argnums = tuple(range(len(args)))
-    return summed(transform(scalar_of(fn), argnums=argnums)(*args), args)
-
-
-@adapter("jax.experimental.sparse.value_and_grad", diffs=ONE_SHOT)
-def _sparse_value_and_grad(args, fn, fam):
-  argnums = tuple(range(len(args)))
-  value, grads = sparse.value_and_grad(scalar_of(fn), argnums=argnums)(*args)
-  return value, summed(grads, args)
 
 
 @adapter("jax.experimental.compute_on.compute_on2", diffs=NO_GRAD)

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
+from jax.experimental import sparse
 from jax.sharding import NamedSharding, PartitionSpec
 
 import surface_nodes as nodes
@@ -67,11 +68,17 @@ def _jit_kwargs(args, fn, fam):
   return f(args[0], b=args[1])
 
 
+# jax's derivatives, and jax.experimental.sparse's, which take the same
+# trees (sparse arrays among their leaves).
 for _name, _transform in (
     ("jax.grad", jax.grad),
     ("jax.jacfwd", jax.jacfwd),
     ("jax.jacrev", jax.jacrev),
     ("jax.jacobian", jax.jacobian),
+    ("jax.experimental.sparse.grad", sparse.grad),
+    ("jax.experimental.sparse.jacfwd", sparse.jacfwd),
+    ("jax.experimental.sparse.jacrev", sparse.jacrev),
+    ("jax.experimental.sparse.jacobian", sparse.jacobian),
 ):
 
   @adapter(_name, diffs=ONE_SHOT)
@@ -79,11 +86,15 @@ for _name, _transform in (
     return summed(transform(scalar_of(fn), argnums=_argnums(args))(*args), args)
 
 
-@adapter("jax.value_and_grad", diffs=ONE_SHOT)
-def _value_and_grad(args, fn, fam):
-  f = jax.value_and_grad(scalar_of(fn), argnums=_argnums(args))
-  value, grads = f(*args)
-  return value, summed(grads, args)
+for _name, _transform in (
+    ("jax.value_and_grad", jax.value_and_grad),
+    ("jax.experimental.sparse.value_and_grad", sparse.value_and_grad),
+):
+
+  @adapter(_name, diffs=ONE_SHOT)
+  def _value_and_grad(args, fn, fam, transform=_transform):
+    value, grads = transform(scalar_of(fn), argnums=_argnums(args))(*args)
+    return value, summed(grads, args)
 
 
 @adapter("jax.hessian", n_args=1, diffs=ONE_SHOT)
