@@ -27,8 +27,11 @@ import numpy as np
 from jax import lax
 from jax import tree_util
 from jax._src import test_util as jtu
+from jax._src import config
 from jax.ad_checkpoint import checkpoint_name
 from jax.experimental import checkify
+from jax.experimental.compute_on import compute_on2
+from jax.experimental.layout import Layout, with_layout_constraint
 from jax.experimental.xla_metadata import set_xla_metadata
 from jax.sharding import PartitionSpec
 
@@ -89,12 +92,51 @@ _sine_composite = lax.composite(
 )
 
 
+def _reduced(reduce, *shape):
+  """`reduce` by addition from zeros that share as the tree does."""
+  return lambda tree: reduce(
+      tree,
+      jax.tree.map(lambda x: jnp.zeros((), x.dtype), tree),
+      lambda a, b: jax.tree.map(jnp.add, a, b),
+      *shape,
+  )
+
+
+def _scanned_by_scan3(tree):
+  with config.scan3(True):
+    carry, _ = lax.scan(
+        lambda c, x: (jax.tree.map(lambda v: v * x, c), None),
+        tree,
+        jnp.arange(1.0, 4.0),
+    )
+  return carry
+
+
+def _one_device_sharding():
+  mesh = jax.make_mesh((1,), ("i",), devices=jax.devices()[:1])
+  return jax.sharding.NamedSharding(mesh, PartitionSpec())
+
+
 CASES = {
     "associative_scan": _scanned(False),
     "associative_scan_reversed": _scanned(True),
     "associative_scan_under_jit": jax.jit(_scanned(False)),
     "composite": _sine_composite,
     "composite_under_jit": jax.jit(_sine_composite),
+    "reduce": _reduced(lax.reduce, (0,)),
+    "reduce_window": _reduced(lax.reduce_window, (2,), (1,), "VALID"),
+    "scan3_carry": _scanned_by_scan3,
+    "compute_on2": jax.jit(
+        compute_on2(
+            lambda t: jax.tree.map(jnp.sin, t),
+            compute_type="device_host",
+            out_memory_spaces=jax.memory.Space.Device,
+        )
+    ),
+    "reshard": lambda tree: jax.reshard(tree, _one_device_sharding()),
+    "with_layout_constraint": jax.jit(
+        lambda t: with_layout_constraint(t, Layout((0,)))
+    ),
     "checkify": _checkified,
     "checkify_under_jit": _checkified_under_jit,
     "debug_callback": functools.partial(_callback_receives, lambda f: f),
