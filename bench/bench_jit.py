@@ -56,7 +56,7 @@ HLO module (``jit(f).lower(model).as_text()``) and the time to trace+lower,
 to compile, and of a first call of a fresh ``jax.jit``.
 
 The children run on CPU (``--platforms cpu``); ``--platforms ''`` leaves the
-platform to jax, as build/check_gpu.py does to time the cases on a GPU.
+platform to jax, as build/check_device.py does to time the cases on a GPU.
 
 The cases are jit_cases.py's, the child's measurements jit_child.py's; this
 file is the parent, which runs the children (children.py) and reports.
@@ -294,7 +294,7 @@ def main():
       "--platforms",
       default="cpu",
       help="jax_platforms of the children (default %(default)s; '' leaves "
-      "jax's own choice, e.g. the GPU; build/check_gpu.py runs the patched "
+      "jax's own choice, e.g. the GPU; build/check_device.py runs the patched "
       "child that way)",
   )
   ap.add_argument(

@@ -32,7 +32,7 @@ child = Child(jnp.array(2.0))
 parent = Parent(child, child)
 
 print("jax.jit")
-# Spelled out for a reader, though build/check_gpu_checks.py's check_jit
+# Spelled out for a reader, though build/check_device_checks.py's check_jit
 # makes the same calls (and checks more, on a device).
 seen_inside = []
 

@@ -2,7 +2,7 @@
 left and right are one Child.
 
 examples/demo.py runs the example through jax; build/selfcheck.py and
-build/check_gpu_checks.py check installed wheels with it, and
+build/check_device_checks.py check installed wheels with it, and
 tests/test_sharing_scenarios.py the pytree module. They run it with
 `python -I`, or from elsewhere, so each puts this folder on sys.path itself.
 The classes are plain, so that each registers them where it tests them:

@@ -27,7 +27,7 @@
 # setuptools (`setup.py build_ext --force`, warnings as errors) into
 # build/quick_module; the module's tests against it but the fuzz campaign
 # and the sharing invariants' hypothesis search; then the JAX-level tests but
-# check_gpu_test.py against the custom wheels of dist/ (built by
+# check_device_test.py against the custom wheels of dist/ (built by
 # build/build.py first if there are none for that Python), with the module
 # just built in front of the wheel's. No formatting check, bazel,
 # sanitizers, other Pythons or demo.
@@ -162,10 +162,10 @@ if [ "$quick" = 1 ]; then
     install_wheels "$first" "$jax_venv_default"
   fi
   step "quick: JAX-level tests, the wheels of dist/ with build/quick_module"
-  # But the rehearsal of the GPU check (build/check_gpu.py on CPU), a
+  # But the rehearsal of the accelerator check (build/check_device.py on CPU), a
   # quarter of the JAX-level tests' time, which the whole suite runs.
   PYTHONPATH="$quick_module" run_jax_suite "$first" "$jax_venv_default" \
-    --ignore="$root/tests/jax/check_gpu_test.py" "$@"
+    --ignore="$root/tests/jax/check_device_test.py" "$@"
   step "quick: done in $((SECONDS - started)) s"
   exit 0
 fi

@@ -29,6 +29,7 @@ from jax import tree_util
 import pytest
 
 import docs_test
+import stock_reference
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 VERSION = (ROOT / "VERSION").read_text(encoding="utf-8").strip()
@@ -449,6 +450,7 @@ def run_isolated(python, source):
   # from an empty folder so that no checkout shadows the installed jax.
   done = subprocess.run(
       [python, "-E", "-s", "-c", source],
+      env=stock_reference.child_environment(),
       capture_output=True,
       text=True,
       cwd=pathlib.Path(os.sep),

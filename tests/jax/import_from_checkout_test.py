@@ -12,6 +12,8 @@ import pathlib
 import subprocess
 import sys
 
+import stock_reference
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # Run by this environment's interpreter, which has the custom wheels.
 PROGRAM = (
@@ -23,7 +25,7 @@ PROGRAM = (
 
 
 def run_in(folder):
-  env = dict(os.environ)
+  env = stock_reference.child_environment()
   env.pop("PYTHONPATH", None)  # As a user's shell has it.
   return subprocess.run(
       [sys.executable, "-c", PROGRAM],

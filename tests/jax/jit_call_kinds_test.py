@@ -31,6 +31,7 @@ def run_kinds(python):
   kind)."""
   done = subprocess.run(
       [python, "-E", "-s", SCRIPT],
+      env=stock_reference.child_environment(),
       capture_output=True,
       text=True,
       check=True,

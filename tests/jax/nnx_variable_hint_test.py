@@ -18,6 +18,7 @@ import subprocess
 import sys
 
 import docs_test
+import stock_reference
 
 HERE = pathlib.Path(__file__).resolve().parent
 # The guide's files (docs/guide.md and its parts), in reading order.
@@ -28,6 +29,7 @@ GUIDE = [HERE.parents[1] / f for f in docs_test.files("docs/guide.md")]
 def _child_report():
   done = subprocess.run(
       [sys.executable, str(HERE / "nnx_pytree_only.py")],
+      env=stock_reference.child_environment(),
       capture_output=True,
       text=True,
       check=True,

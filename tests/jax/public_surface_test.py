@@ -128,6 +128,7 @@ def stock_results():
   done = subprocess.run(
       [python, "-E", "-s", os.path.join(HERE, "surface_stock.py")],
       input=json.dumps([c.id for c in STOCK_SAMPLE]),
+      env=stock_reference.child_environment(),
       capture_output=True,
       text=True,
       check=True,

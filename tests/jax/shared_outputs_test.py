@@ -107,8 +107,11 @@ class SharedOutputsTest(jtu.JaxTestCase):
       n = Param(np.asarray(x))
       return n, n
 
-    call = lambda cb: jax.jit(lambda x: jax.pure_callback(cb, (spec, spec), x))(
-        jnp.arange(3.0)
+    # Waited for: an accelerator raises the callback's error then.
+    call = lambda cb: jax.block_until_ready(
+        jax.jit(lambda x: jax.pure_callback(cb, (spec, spec), x))(
+            jnp.arange(3.0)
+        )
     )
     a, b = call(shared)
     self.assertIs(a, b)

@@ -1,13 +1,14 @@
-"""The custom wheels on a GPU: relative identities, buffers and timings.
+"""The custom wheels on a GPU or TPU: relative identities, buffers and timings.
 
-    bash build/check_gpu.sh WHEELS [options]     # fresh venv, offline install
-    python build/check_gpu.py --no-install [options]   # this interpreter
+    bash build/check_device.sh WHEELS [options]     # fresh venv, offline install
+    python build/check_device.py --no-install [options]   # this interpreter
 
 WHEELS is a folder with the custom jax and jaxlib wheels (jaxlib for the
-venv's Python) and, for a GPU, the stock jax-cuda13-plugin and
+venv's Python, or its overlay where the machine has stock jaxlib: see
+check_device_install.py and --overlay) and, for a GPU, the stock jax-cuda13-plugin and
 jax-cuda13-pjrt wheels of the same version (or the CUDA 12 ones). A wheel
 split into NAME.part-000, NAME.part-001, ... is put back together first
-(under build/_work/check-gpu/wheels/). The wheels that fit the venv's Python
+(under build/_work/check-device/wheels/). The wheels that fit the venv's Python
 are installed with ``pip install --no-index --no-deps --force-reinstall``
 into a fresh venv made with ``--system-site-packages`` (so that the NVIDIA
 runtime wheels, numpy and the rest come from the machine's Python, and from
@@ -19,10 +20,17 @@ are installed the same way; one wheel per distribution.
 Checks, each passed, failed or skipped:
 
 - install: jax and jaxlib are the custom distributions, imported from where
-  those distributions are, and with --expect-dist (the install step passes
-  one per wheel) every given wheel is what is installed;
-- device: jax's backend and devices are the expected platform (gpu, or what
-  JAX_PLATFORMS names) and no jax module comes from outside the venv;
+  those distributions are (or, for a jaxlib overlay, the machine's files
+  equal to those its RECORD lists), and with --expect-dist (the install
+  step passes one per wheel) every given wheel is what is installed;
+- jit dispatch: bench/bench_jit.py's patched child on this platform, its
+  sanity checks held; its cases timed, beside stock's child where
+  --stock-python names one;
+- table and tied step: check_device_side.py on each side, device memory of
+  one table that 8 references share and a tied-LM step;
+- device: jax's backend and devices are the expected platform (what
+  --platform names: by default any accelerator) and no jax module comes
+  from outside the venv (but an overlaid jaxlib's);
 - jit, grad, vmap, scan: a Parent whose left and right are one opted-in
   Child keeps ``left is right`` inside the traced function and on the
   outputs, outputs are new objects, one leaf, one gradient (the sum over
@@ -36,11 +44,12 @@ Checks, each passed, failed or skipped:
   with ``eqx.nn.Shared``: same loss, one table gradient equal to Shared's,
   the tie kept through the step; both timed with bench/bench_peers.py's
   code, in this process (Shared first, before the opt-in, which cannot be
-  undone); skipped, saying so, where Equinox or optax is missing;
-- jit dispatch: bench/bench_jit.py's patched child on this platform, its
-  sanity checks held; its cases timed.
+  undone); skipped, saying so, where Equinox or optax is missing.
 
-The last line is ``check_gpu: N passed, M failed, K skipped (device: ...)``;
+The checks that start children come first: a TPU admits one process at a
+time, and this one opens the device at the device check.
+
+The last line is ``check_device: N passed, M failed, K skipped (device: ...)``;
 the exit status is 1 if a check failed. Timings are printed, and written with
 the checks to --json, never checked.
 """
@@ -57,12 +66,12 @@ import time
 import traceback
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-# The venv's run is `python -I check_gpu.py`, which leaves this script's
+# The venv's run is `python -I check_device.py`, which leaves this script's
 # folder off sys.path: its two halves are imported from there.
 sys.path.insert(0, str(ROOT / "build"))
 
 # pylint: disable=wrong-import-position
-from check_gpu_checks import (
+from check_device_checks import (
     LM_PRESETS,
     Skip,
     check_buffers,
@@ -71,13 +80,13 @@ from check_gpu_checks import (
     check_grad,
     check_install,
     check_jit,
-    check_jit_dispatch,
     check_scan,
     check_tied_lm,
     check_vmap,
     register_nodes,
 )
-from check_gpu_install import WORK, CheckError, install
+from check_device_against_stock import check_jit_dispatch, check_sides
+from check_device_install import WORK, CheckError, install, make_overlay
 
 
 def run_checks(args):
@@ -105,6 +114,16 @@ def run_checks(args):
     return finish(args, results, timings, "jax not usable")
   import jax
 
+  # The children first: a TPU admits one process at a time, and this one
+  # opens the device at its first jax.devices() (the device check).
+  run(
+      "jit dispatch (bench_jit)",
+      check_jit_dispatch,
+      args,
+      args.platform,
+      timings,
+  )
+  run("table and tied step against stock", check_sides, args, timings)
   register_nodes(jax)
   run("device", check_device, jax, args.platform, bool(args.expect_dist))
   run("jit", check_jit, jax)
@@ -113,13 +132,6 @@ def run_checks(args):
   run("scan", check_scan, jax)
   run("buffers: device_put", check_buffers, jax, args.big_mib)
   run("buffers: donation", check_donation, jax, args.big_mib)
-  run(
-      "jit dispatch (bench_jit)",
-      check_jit_dispatch,
-      args,
-      args.platform,
-      timings,
-  )
   # Last: it opts eqx.Module in, for the rest of the process.
   run("tied LM (equinox)", check_tied_lm, jax, args, timings)
   device = jax.devices()[0]
@@ -146,7 +158,7 @@ def finish(args, results, timings, about):
       for status in ("passed", "failed", "skipped")
   }
   summary = (
-      f"check_gpu: {counts['passed']} passed, {counts['failed']} failed, "
+      f"check_device: {counts['passed']} passed, {counts['failed']} failed, "
       f"{counts['skipped']} skipped (device: {about})"
   )
   if args.json:
@@ -167,8 +179,10 @@ def finish(args, results, timings, about):
 
 
 def default_platform():
+  """The platform JAX_PLATFORMS names first, else "accelerator": whatever
+  jax picks, but not the CPU."""
   named = os.environ.get("JAX_PLATFORMS", "").split(",")[0].strip()
-  return {"": "gpu", "cuda": "gpu", "rocm": "gpu"}.get(named, named)
+  return {"": "accelerator", "cuda": "gpu", "rocm": "gpu"}.get(named, named)
 
 
 def main(argv=None):
@@ -204,7 +218,8 @@ def main(argv=None):
   parser.add_argument(
       "--platform",
       default=default_platform(),
-      help="the platform jax must use: gpu unless JAX_PLATFORMS names one "
+      help="the platform jax must use (gpu, tpu, cpu), or accelerator: any "
+      "but the CPU; the first JAX_PLATFORMS names, else accelerator "
       "(default here: %(default)s)",
   )
   parser.add_argument(
@@ -230,6 +245,11 @@ def main(argv=None):
       default=256,
       help="MiB of the shared array of the buffer checks (default %(default)s)",
   )
+  parser.add_argument(
+      "--stock-python",
+      help="an interpreter with stock jax, timed beside (the install step "
+      "names its own where the machine's jax is stock)",
+  )
   parser.add_argument("--json", help="write the checks and timings here")
   parser.add_argument(
       "--expect-dist",
@@ -239,7 +259,17 @@ def main(argv=None):
       help="a distribution that must be installed at that version "
       "(the install step passes one per wheel)",
   )
+  parser.add_argument(
+      "--overlay",
+      nargs=2,
+      metavar=("JAXLIB_WHEEL", "DEST"),
+      help="write the custom jaxlib's overlay (its own files, a few MB) into "
+      "DEST, to bring to a machine with stock jaxlib in place of the wheel",
+  )
   args = parser.parse_args(argv)
+  if args.overlay:
+    print(make_overlay(*args.overlay))
+    return 0
   args.lm = args.lm or ["tiny"]
   for size in args.lm:
     if size not in LM_PRESETS and not re.fullmatch(r"\d+(,\d+){3}", size):
@@ -253,7 +283,7 @@ def main(argv=None):
   try:
     return install(args)
   except (CheckError, subprocess.CalledProcessError) as e:
-    print(f"check_gpu: install failed: {e}")
+    print(f"check_device: install failed: {e}")
     return 1
 
 

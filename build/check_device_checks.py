@@ -1,23 +1,24 @@
-"""check_gpu.py's checks, each run in the interpreter under test: the
+"""check_device.py's checks, each run in the interpreter under test: the
 custom wheels installed and on the device, relative identities through jit,
 grad, vmap and scan, one buffer for a shared array, donation, and the timed
 checks (bench_jit's dispatch, the tied LM against eqx.nn.Shared).
 
-check_gpu.py puts bench/ and tests/jax/ on sys.path for the timed checks.
+check_device.py puts bench/ and tests/jax/ on sys.path for the timed checks.
 """
 
+import base64
 import gc
+import hashlib
 import importlib.metadata
 import inspect
 import os
 import pathlib
 import re
-import statistics
 import sys
 import warnings
 
-# The example's classes, from examples/ beside build/: check_gpu.py runs with
-# `python -I`, and tests/jax/check_gpu_test.py loads this file by its path.
+# The example's classes, from examples/ beside build/: check_device.py runs with
+# `python -I`, and tests/jax/check_device_test.py loads this file by its path.
 sys.path.insert(
     0, str(pathlib.Path(__file__).resolve().parents[1] / "examples")
 )
@@ -76,7 +77,7 @@ def check_install(expect):
   from jax._src.lib import pytree
 
   c = Conditions()
-  versions = {}
+  versions, overlaid = {}, []
   for name, module in (("jax", jax), ("jaxlib", jaxlib)):
     version = versions[name] = importlib.metadata.version(name)
     c("+" in version, f"{name} {version} is not a custom build")
@@ -90,11 +91,19 @@ def check_install(expect):
     located = importlib.metadata.distribution(name).locate_file(
         f"{name}/__init__.py"
     )
+    if os.path.realpath(located) == os.path.realpath(module.__file__):
+      continue
+    # Over a machine's stock jaxlib (check_device_install.py's overlay) the
+    # custom distribution records stock's files, which are imported from
+    # where the machine has them: they must be those, byte for byte.
+    checked, differ = files_as_recorded(name, module)
     c(
-        os.path.realpath(located) == os.path.realpath(module.__file__),
+        checked and not differ,
         f"{name} is imported from {module.__file__}, its distribution "
-        f"{version} is at {located}",
+        f"{version} is at {located}, and of the {checked} files it records "
+        f"{len(differ)} differ there: {differ[:3]}",
     )
+    overlaid.append(f"{name}'s {checked} files as recorded")
   c(
       versions["jax"] == versions["jaxlib"],
       f"jax {versions['jax']} beside jaxlib {versions['jaxlib']}",
@@ -119,7 +128,48 @@ def check_install(expect):
       f"jax {versions['jax']}, jaxlib {versions['jaxlib']} from "
       f"{os.path.dirname(os.path.dirname(jax.__file__))}"
       + (f"; {len(expect)} wheel(s) as given" if expect else "")
+      + "".join(f"; {what}" for what in overlaid)
   )
+
+
+def files_as_recorded(name, module):
+  """(how many files of package `name` its distribution's RECORD lists with
+  a hash, [those that differ where `module` is imported from])."""
+  root = pathlib.Path(module.__file__).resolve().parents[1]
+  checked, differ = 0, []
+  for record in importlib.metadata.distribution(name).files or ():
+    if record.parts[0] != name or not record.hash:
+      continue
+    checked += 1
+    digest = hashlib.new(record.hash.mode)
+    try:
+      with open(root / record, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+          digest.update(block)
+    except OSError:
+      differ.append(str(record))
+      continue
+    found = base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
+    if found != record.hash.value:
+      differ.append(str(record))
+  return checked, differ
+
+
+def overlaid_packages():
+  """The top-level packages imported from outside their distribution's
+  folder (jaxlib over a machine's stock files); check_install has compared
+  them with their distribution's RECORD."""
+  names = []
+  for name in ("jaxlib",):
+    module = sys.modules.get(name)
+    located = importlib.metadata.distribution(name).locate_file(
+        f"{name}/__init__.py"
+    )
+    if module and os.path.realpath(located) != os.path.realpath(
+        module.__file__
+    ):
+      names.append(name)
+  return names
 
 
 def accelerator_dists():
@@ -133,15 +183,23 @@ def accelerator_dists():
   return sorted(found.values())
 
 
+def on_platform(backend, platform):
+  """Whether `backend` is what --platform asks for."""
+  return backend != "cpu" if platform == "accelerator" else backend == platform
+
+
 def check_device(jax, platform, in_venv):
   import jax.numpy as jnp
 
   c = Conditions()
   devices = jax.devices()
   backend = jax.default_backend()
-  c(backend == platform, f"jax's backend is {backend}, not {platform}")
   c(
-      all(d.platform == platform for d in devices),
+      on_platform(backend, platform),
+      f"jax's backend is {backend}, not {platform}",
+  )
+  c(
+      all(d.platform == backend for d in devices),
       f"devices {devices}, not {platform}",
   )
   x = jnp.arange(4.0) + 1
@@ -149,6 +207,7 @@ def check_device(jax, platform, in_venv):
   c(float(x.sum()) == 10.0, f"arange(4) + 1 sums to {float(x.sum())}")
   if in_venv:
     prefix = os.path.realpath(sys.prefix) + os.sep
+    overlaid = overlaid_packages()
     outside = sorted(
         f"{name} ({module.__file__})"
         for name, module in list(sys.modules.items())
@@ -156,6 +215,7 @@ def check_device(jax, platform, in_venv):
             r"jax|jaxlib|jaxlib_patch|jax_plugins|jax_(cuda|rocm)\d+_plugin",
             name.split(".")[0],
         )
+        and name.split(".")[0] not in overlaid
         and getattr(module, "__file__", None)
         and not os.path.realpath(module.__file__).startswith(prefix)
     )
@@ -428,58 +488,4 @@ def check_tied_lm(jax, args, timings):
   return c.done(
       f"sizes {', '.join(args.lm)}: loss and table gradient as "
       "eqx.nn.Shared's, one gradient, the tie kept through the step"
-  )
-
-
-def check_jit_dispatch(args, platform, timings):
-  import children
-  import jit_cases
-
-  # --platforms '': the platform of this run (JAX_PLATFORMS, if set, is
-  # inherited), not bench_jit's CPU.
-  command = children.child_command(
-      sys.executable,
-      pathlib.Path(children.__file__).with_name("bench_jit.py"),
-      *("--child", "patched", "--platforms", ""),
-      *("--rounds", args.jit_rounds, "--compile-reps", 1),
-      python_flags=("-E", "-s"),
-  )
-  try:
-    result = children.run_json_child(
-        command,
-        "bench_jit.py's child",
-        timeout=900,
-        # This process holds jax's preallocated share of the GPU's memory.
-        env=dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false"),
-    )
-  except children.ChildFailed as e:
-    tail = e.output.splitlines()[-5:]
-    raise AssertionError(
-        f"bench_jit.py's child exited {e.returncode}: " + " | ".join(tail)
-    ) from None
-  c = Conditions()
-  backend = result["info"]["backend"]
-  c(backend == platform, f"bench_jit ran on {backend}, not {platform}")
-  # Only the unshared case (iv) has its layers apart in the output.
-  wrong = [
-      name
-      for name, ok in result["checks"].items()
-      if ok != (name != "iv out shares layers")
-  ]
-  c(not wrong, f"bench_jit's checks failed: {wrong}")
-  cells = {}
-  for case in jit_cases.COMMON_CASES + jit_cases.EXTRA_CASES:
-    for kind in jit_cases.KINDS:
-      times = result["times_us"].get(f"{case}/{kind}")
-      if times:
-        cells.setdefault(jit_cases.CASE_LABELS[case], {})[kind + " us"] = (
-            statistics.median(times)
-        )
-  timings[f"jit dispatch on {backend}"] = cells
-  params = {
-      name: stats["hlo_params"] for name, stats in result["compile"].items()
-  }
-  return c.done(
-      f"{len(result['checks'])} sanity checks held on {backend}; HLO "
-      f"parameters {params}"
   )

@@ -1,7 +1,8 @@
-"""build/check_gpu.py on CPU, so that the GPU check cannot rot between runs
-on a GPU: its checks in this interpreter (``--no-install``, tiny sizes, few
-timing repetitions; timings are never asserted on), and its wheel handling
-(split files, tags) without installing anything.
+"""build/check_device.py on CPU, so that the accelerator check cannot rot
+between runs on a GPU or TPU: its checks in this interpreter
+(``--no-install``, tiny sizes, few timing repetitions, stock's side from
+JAXLIB_PATCH_STOCK_PYTHON; timings are never asserted on), and its wheel
+handling (split files, tags, the jaxlib overlay) without installing anything.
 """
 
 import importlib.util
@@ -15,7 +16,7 @@ import zipfile
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "build" / "check_gpu.py"
+SCRIPT = ROOT / "build" / "check_device.py"
 
 CHECKS = [
     "install",
@@ -27,8 +28,10 @@ CHECKS = [
     "buffers: device_put",
     "buffers: donation",
     "jit dispatch (bench_jit)",
+    "table and tied step against stock",
     "tied LM (equinox)",
 ]
+STOCK_PYTHON = os.environ.get("JAXLIB_PATCH_STOCK_PYTHON")
 
 
 def _module(name):
@@ -41,13 +44,14 @@ def _module(name):
 
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory):
-  out = tmp_path_factory.mktemp("check_gpu") / "result.json"
+  out = tmp_path_factory.mktemp("check_device") / "result.json"
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   env.pop("XLA_FLAGS", None)  # one CPU device, as a plain run has
   done = subprocess.run(
       [sys.executable, "-s", str(SCRIPT), "--no-install", "--json", str(out)]
       + ["--calls", "2", "--batches", "2", "--jit-rounds", "1"]
-      + ["--big-mib", "1"],
+      + ["--big-mib", "1"]
+      + (["--stock-python", STOCK_PYTHON] if STOCK_PYTHON else []),
       capture_output=True,
       text=True,
       env=env,
@@ -65,7 +69,7 @@ def test_every_check_passes_on_cpu(cpu_run):
   # equinox and optax are installed here: the tied LM must run, not skip.
   assert statuses == {name: "passed" for name in CHECKS}, done.stdout
   summary = done.stdout.strip().splitlines()[-1]
-  assert summary.startswith(f"check_gpu: {len(CHECKS)} passed, 0 failed, 0 ")
+  assert summary.startswith(f"check_device: {len(CHECKS)} passed, 0 failed, 0 ")
   assert "(device: cpu" in summary
 
 
@@ -73,12 +77,54 @@ def test_timings_are_reported(cpu_run):
   done, result = cpu_run
   assert set(result["timings"]) == {
       "jit dispatch on cpu",
+      "1 MiB table, 8 references: device_put",
+      "tied LM step (tiny)",
       "tied LM step: opt-in against eqx.nn.Shared",
   }, done.stdout
+  table = result["timings"]["1 MiB table, 8 references: device_put"]
+  assert table["ours"]["buffers"] == 1, table
+  if STOCK_PYTHON:
+    assert table["stock"]["buffers"] == 8, table
+
+
+def test_the_overlay_holds_the_custom_jaxlibs_own_files(tmp_path):
+  module = _module("check_device_install.py")
+  wheel = tmp_path / "jaxlib-1.0+a-cp311-cp311-linux_x86_64.whl"
+  with zipfile.ZipFile(wheel, "w") as archive:
+    for name in (
+        "jaxlib/__init__.py",
+        "jaxlib_patch/__init__.py",
+        "jaxlib-1.0+a.dist-info/RECORD",
+    ):
+      archive.writestr(name, "")
+  overlay = module.make_overlay(wheel, tmp_path / "out")
+  assert overlay.name == "jaxlib-1.0+a.overlay"
+  assert sorted(p.name for p in overlay.iterdir()) == [
+      "jaxlib-1.0+a.dist-info",
+      "jaxlib_patch",
+  ]
+  stock = tmp_path / "jaxlib-1.0-cp311-cp311-linux_x86_64.whl"
+  stock.write_bytes(wheel.read_bytes())
+  with pytest.raises(module.CheckError, match="not a custom jaxlib"):
+    module.make_overlay(stock, tmp_path / "out")
+
+
+def test_jaxlib_files_are_compared_with_its_record(tmp_path):
+  import types
+
+  import jaxlib
+
+  module = _module("check_device_checks.py")
+  checked, differ = module.files_as_recorded("jaxlib", jaxlib)
+  assert checked > 100 and not differ
+  # Where the files are not jaxlib's, every one differs.
+  elsewhere = types.SimpleNamespace(__file__=str(tmp_path / "jaxlib/x.py"))
+  checked, differ = module.files_as_recorded("jaxlib", elsewhere)
+  assert len(differ) == checked > 100
 
 
 def test_a_missing_equinox_skips_the_tied_lm_saying_so(monkeypatch):
-  module = _module("check_gpu_checks.py")
+  module = _module("check_device_checks.py")
   monkeypatch.setitem(sys.modules, "equinox", None)  # import raises
   with pytest.raises(module.Skip, match="Equinox or optax is not importable"):
     module.check_tied_lm(None, None, {})
@@ -91,7 +137,7 @@ def _wheel(path):
 
 
 def test_split_wheels_are_put_back_together(tmp_path):
-  module = _module("check_gpu_install.py")
+  module = _module("check_device_install.py")
   source, dest = tmp_path / "source", tmp_path / "dest"
   source.mkdir()
   whole = _wheel(tmp_path / "jaxlib-1+a-cp311-cp311-linux_x86_64.whl")
@@ -116,7 +162,7 @@ def test_split_wheels_are_put_back_together(tmp_path):
 
 
 def test_wheels_are_chosen_by_the_interpreter_s_tags(tmp_path):
-  module = _module("check_gpu_install.py")
+  module = _module("check_device_install.py")
   names = [
       "jax-0.10.2+relid-py3-none-any.whl",
       "jaxlib-0.10.2+relid-cp311-cp311-manylinux_2_27_x86_64.whl",
@@ -159,7 +205,7 @@ def test_a_venv_made_by_a_venv_sees_the_makers_packages(tmp_path):
   # The tests run in a venv, as a GPU machine's Python often is: a venv it
   # makes with --system-site-packages would see only the base interpreter's
   # packages, without the link the install step writes.
-  module = _module("check_gpu_install.py")
+  module = _module("check_device_install.py")
   venv = tmp_path / "venv"
   subprocess.run(
       [sys.executable, "-m", "venv", "--without-pip"]
@@ -170,7 +216,7 @@ def test_a_venv_made_by_a_venv_sees_the_makers_packages(tmp_path):
   # jax: in the tests' venv (the wheels under test), never in a bare Python.
   where = [python, "-I", "-c", "import jax; print(jax.__file__)"]
   assert subprocess.run(where, capture_output=True).returncode != 0
-  folders = module.see_the_makers_venv(sys.executable, python)
+  folders = module.see_the_makers_packages(sys.executable, python)
   assert folders
   found = subprocess.run(where, capture_output=True, text=True, check=True)
   assert any(found.stdout.startswith(folder) for folder in folders)
