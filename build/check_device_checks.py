@@ -88,10 +88,7 @@ def check_install(expect):
         module.__version__ == base,
         f"{name}.__version__ is {module.__version__}, not {base}",
     )
-    located = importlib.metadata.distribution(name).locate_file(
-        f"{name}/__init__.py"
-    )
-    if os.path.realpath(located) == os.path.realpath(module.__file__):
+    if not imported_apart(name, module):
       continue
     # Over a machine's stock jaxlib (check_device_install.py's overlay) the
     # custom distribution records stock's files, which are imported from
@@ -99,8 +96,8 @@ def check_install(expect):
     checked, differ = files_as_recorded(name, module)
     c(
         checked and not differ,
-        f"{name} is imported from {module.__file__}, its distribution "
-        f"{version} is at {located}, and of the {checked} files it records "
+        f"{name} is imported from {module.__file__}, apart from its "
+        f"distribution {version}, and of the {checked} files it records "
         f"{len(differ)} differ there: {differ[:3]}",
     )
     overlaid.append(f"{name}'s {checked} files as recorded")
@@ -155,21 +152,14 @@ def files_as_recorded(name, module):
   return checked, differ
 
 
-def overlaid_packages():
-  """The top-level packages imported from outside their distribution's
-  folder (jaxlib over a machine's stock files); check_install has compared
-  them with their distribution's RECORD."""
-  names = []
-  for name in ("jaxlib",):
-    module = sys.modules.get(name)
-    located = importlib.metadata.distribution(name).locate_file(
-        f"{name}/__init__.py"
-    )
-    if module and os.path.realpath(located) != os.path.realpath(
-        module.__file__
-    ):
-      names.append(name)
-  return names
+def imported_apart(name, module):
+  """Whether package `name` is imported (as `module`) from somewhere else
+  than its distribution's folder: jaxlib over a machine's stock files, which
+  check_install compares with the distribution's RECORD."""
+  located = importlib.metadata.distribution(name).locate_file(
+      f"{name}/__init__.py"
+  )
+  return os.path.realpath(located) != os.path.realpath(module.__file__)
 
 
 def accelerator_dists():
@@ -207,7 +197,11 @@ def check_device(jax, platform, in_venv):
   c(float(x.sum()) == 10.0, f"arange(4) + 1 sums to {float(x.sum())}")
   if in_venv:
     prefix = os.path.realpath(sys.prefix) + os.sep
-    overlaid = overlaid_packages()
+    overlaid = [
+        name
+        for name in ("jax", "jaxlib")
+        if imported_apart(name, sys.modules[name])
+    ]
     outside = sorted(
         f"{name} ({module.__file__})"
         for name, module in list(sys.modules.items())

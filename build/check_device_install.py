@@ -154,17 +154,12 @@ except m.PackageNotFoundError:
 PURELIB_PROBE = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
 
 
-def _probe(python, code):
+def _probe(python, code, isolated=True):
+  """What `code` prints under `python`: isolated (-I), or with the
+  environment's PYTHONPATH as the machine's Python runs (-s, from the root:
+  no checkout on the path)."""
   return subprocess.run(
-      [python, "-I", "-c", code], check=True, capture_output=True, text=True
-  ).stdout
-
-
-def _probe_environment(python, code):
-  """`_probe` with the environment's PYTHONPATH, as the machine's Python
-  runs (-s -c, from the root: no checkout on the path)."""
-  return subprocess.run(
-      [python, "-s", "-c", code],
+      [python, "-I" if isolated else "-s", "-c", code],
       check=True,
       capture_output=True,
       text=True,
@@ -275,7 +270,7 @@ def install(args):
     lay_overlay(overlay, python)
     version = overlay.name[len("jaxlib-") : -len(".overlay")]
     chosen["jaxlib"] = (version, overlay)
-  stock = _probe_environment(args.python, JAX_VERSION_PROBE).strip()
+  stock = _probe(args.python, JAX_VERSION_PROBE, isolated=False).strip()
   if stock and "+" not in stock:
     extras = [p for n, (_, p) in chosen.items() if n not in ("jax", "jaxlib")]
     stock_venv = venv.with_name(venv.name + "-stock")

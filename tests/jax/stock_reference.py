@@ -43,11 +43,10 @@ def stock_python(needs):
 ACCELERATOR_RTOL = 1e-2
 
 
-def child_environment(env=None):
-  """`env` (default this process's environment) for a child that imports
-  jax: on the CPU, so that it runs beside this process whatever holds the
-  accelerator."""
-  return dict(os.environ if env is None else env, JAX_PLATFORMS="cpu")
+def child_environment():
+  """This process's environment for a child that imports jax: on the CPU, so
+  that it runs beside this process whatever holds the accelerator."""
+  return dict(os.environ, JAX_PLATFORMS="cpu")
 
 
 def reference_tolerance(rtol, atol=0.0):
