@@ -1,4 +1,5 @@
-"""Setup of the JAX-level tests: 8 virtual CPU devices, before jax starts."""
+"""Setup of the JAX-level tests, before jax starts: 8 virtual CPU devices,
+and float32 matrix products at full precision."""
 
 import os
 
@@ -9,6 +10,10 @@ if _FLAG not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (
       os.environ.get("XLA_FLAGS", "") + f" {_FLAG}=8"
   ).strip()
+# Stock's references are computed on the CPU in float32; a TPU multiplies
+# float32 matrices in bfloat16 passes unless asked, which a few training
+# steps grow past any tolerance that could still catch a wrong gradient.
+os.environ.setdefault("JAX_DEFAULT_MATMUL_PRECISION", "highest")
 
 
 def pytest_configure(config):

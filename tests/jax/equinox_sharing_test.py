@@ -49,7 +49,10 @@ class EquinoxSharingTest(stock_reference.StockReferenceTestCase):
 
   def _assert_trains_like_eqx_shared_on_stock(self, jit):
     self.assertTrainsLikeStock(
-        lambda after_step: lm.train(self.model, jit, after_step),
+        # The model is made in the training's device context.
+        lambda after_step: lm.train(
+            lm.TiedLM(jax.random.key(0)), jit, after_step
+        ),
         tied=lambda model: (model.embedding, model.unembedding),
         values=lm.weights,
         values_key="weights",
