@@ -263,17 +263,31 @@ class Flattener {
  public:
   Flattener(const PyTreeRegistry& registry,
             const std::optional<nb::callable>& leaf_predicate,
-            Traversal& traversal, LeafCollector& leaves)
+            Traversal& traversal, LeafCollector& leaves,
+            std::vector<PyTreeDef::WrittenOutTie>& written_out_ties)
       : registry_(registry),
         leaf_predicate_(leaf_predicate),
         traversal_(traversal),
-        leaves_(leaves) {}
+        leaves_(leaves),
+        written_out_ties_(written_out_ties) {}
 
   bool KeepsIdentitiesNow() {
     if (keeps_identities_ < 0) {
       keeps_identities_ = registry_.keeps_relative_identities_now() ? 1 : 0;
     }
     return keeps_identities_ == 1;
+  }
+
+  // Whether this flatten writes a shared node out at each place and records
+  // where (PyTreeDef::WrittenOutTie): a registry without relative
+  // identities, outside a stock-layout section, whose copies are handed out
+  // on purpose and never tied again.
+  bool RecordsWrittenOutTiesNow() {
+    if (records_ties_ < 0) {
+      records_ties_ = !registry_.keeps_relative_identities() &&
+                      PyTreeRegistry::stock_layout_depth == 0;
+    }
+    return records_ties_ == 1;
   }
 
   void Flatten(nb::handle obj) {
@@ -315,14 +329,28 @@ class Flattener {
     RecursionGuard guard(" in flatten", stack_limit_);
     IdentityScope* scope = nullptr;  // Set for an opted-in node.
     size_t identity_slot = 0;
-    if (KeepsIdentity(node.custom) && KeepsIdentitiesNow()) {
-      scope = &scope_.Get();
-      const IdentityScope::Entry entry = scope->Enter(obj);
-      if (!entry.first) {
-        AddReference(obj, scope->IndexAt(entry.slot));
-        return;
+    // The first place of the object when this place writes it out again.
+    Py_ssize_t written_out_of = IdentityScope::kInProgress;
+    if (KeepsIdentity(node.custom)) {
+      if (KeepsIdentitiesNow()) {
+        scope = &scope_.Get();
+        const IdentityScope::Entry entry = scope->Enter(obj);
+        if (!entry.first) {
+          AddReference(obj, scope->IndexAt(entry.slot));
+          return;
+        }
+        identity_slot = entry.slot;
+      } else if (RecordsWrittenOutTiesNow()) {
+        IdentityScope& seen = scope_.Get();
+        const IdentityScope::Entry entry = seen.Enter(obj);
+        if (entry.first) {
+          scope = &seen;
+          identity_slot = entry.slot;
+        } else {
+          // In progress: a cycle, which recursion reports as on stock.
+          written_out_of = seen.IndexAt(entry.slot);
+        }
       }
-      identity_slot = entry.slot;
     }
 
     const Py_ssize_t start_nodes = traversal_.size();
@@ -340,7 +368,11 @@ class Flattener {
     node.num_nodes = traversal_.size() - start_nodes + 1;
     node.num_leaves = leaves_.size() - start_leaves;
     traversal_.push_back(std::move(node));
-    if (scope != nullptr) scope->Finish(identity_slot, traversal_.size() - 1);
+    const Py_ssize_t index = traversal_.size() - 1;
+    if (scope != nullptr) scope->Finish(identity_slot, index);
+    if (written_out_of != IdentityScope::kInProgress) {
+      written_out_ties_.push_back({index, written_out_of});
+    }
   }
 
  private:
@@ -508,6 +540,7 @@ class Flattener {
   const std::optional<nb::callable>& leaf_predicate_;
   Traversal& traversal_;
   LeafCollector& leaves_;
+  std::vector<PyTreeDef::WrittenOutTie>& written_out_ties_;
   std::vector<nb::object> path_;     // Keys from the root; flatten_with_path.
   std::vector<nb::object> pending_;  // Children of custom nodes, in waiting.
   IdentityScopeLease scope_;         // Taken at the first opted-in node.
@@ -517,6 +550,7 @@ class Flattener {
   // which from a shared library costs a call at every read, and a plain
   // tree never needs it. -1 until read.
   int keeps_identities_ = -1;
+  int records_ties_ = -1;  // RecordsWrittenOutTiesNow, as keeps_identities_.
   // The type of the last leaf that took the whole way (see Flatten); the
   // registry's registrations are not expected to change mid-flatten.
   PyTypeObject* last_leaf_type_ = nullptr;
@@ -539,7 +573,7 @@ PyTreeDef PyTreeDef::FlattenUnwrapped(
   treedef.traversal_.reserve(std::max<size_t>(expected_num_nodes, 1));
   LeafCollector collector;
   Flattener<kWithPath>(*registry_ptr, leaf_predicate, treedef.traversal_,
-                       collector)
+                       collector, treedef.written_out_ties_)
       .Flatten(tree);
   leaves = collector.TakeList();
   return treedef;

@@ -269,6 +269,15 @@ class PyTreeDef {
     }
   };
 
+  // A place where a flatten that writes a shared node out at each of its
+  // places (a registry without relative identities) met an object it had
+  // met before: the traversal index of the node written out there, and of
+  // the node of the object's first place.
+  struct WrittenOutTie {
+    Py_ssize_t copy;
+    Py_ssize_t first;
+  };
+
   // --- flatten.cc
   // PyTreeRegistry.flatten (leaves) and, with kWithPath, flatten_with_path
   // ((key path, leaf) pairs); `registry` is the registry's Python object.
@@ -290,6 +299,10 @@ class PyTreeDef {
   nb::list FlattenUpTo(nb::handle tree) const;
 
   // --- unflatten.cc
+  // Builds the tree; where the treedef records written-out ties, a place
+  // whose leaves are the very objects of its first place's gets the object
+  // built there, and the places built apart are handed, as pairs of
+  // objects, to the registry's `tie_split_observer` attribute if it has one.
   nb::object Unflatten(nb::iterable leaves) const;
   nb::object Walk(const nb::callable& f_node, nb::handle f_leaf,
                   nb::iterable leaves) const;
@@ -438,6 +451,10 @@ class PyTreeDef {
   // them is left out; positions alone would land on the wrong node. Empty
   // means node i stands for itself (key {origin_, i}).
   std::vector<NodeKey> provenance_;
+  // Set by flatten alone, ordered by `copy`, and read by unflatten alone:
+  // equality, hashing, pickling and the treedefs derived from this one
+  // ignore it, as stock's treedef of the same tree has no such record.
+  std::vector<WrittenOutTie> written_out_ties_;
 };
 
 // Whether `obj` is a stock jaxlib._jax.pytree.PyTreeDef: jax's dispatch

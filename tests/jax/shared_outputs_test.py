@@ -2,7 +2,9 @@
 
 A shared node in a function's output is one output (one leaf set, one
 cotangent). Rules written for stock JAX see each of its occurrences as an
-output of its own; they must still count its cotangent exactly once.
+output of its own; they must still count its cotangent exactly once. A
+custom_jvp or custom_vjp function that returns one object at two places
+returns them apart (its rules read outputs per position), and says so.
 """
 
 import jax
@@ -42,6 +44,12 @@ def _dup_jvp_rule(primals, tangents):
   return (a, a), (t, t)
 
 
+_TOLD_APART = (
+    r"custom_(jvp|vjp).__call__ split a tie: the Param at result\[0\] "
+    r"and result\[1\] is one object"
+)
+
+
 class SharedOutputsTest(jtu.JaxTestCase):
 
   def setUp(self):
@@ -49,42 +57,45 @@ class SharedOutputsTest(jtu.JaxTestCase):
     self.w = Param(jnp.array([1.0, 2.0]))
 
   def test_custom_vjp_counts_a_shared_output_once(self):
-    one = lambda w: jnp.sum(dup(w)[0].value * 3.0)
-    plain = lambda w: jnp.sum((lambda a: (a, a))(w)[0].value * 3.0)
-    self.assertAllClose(jax.grad(one)(self.w).value, jnp.array([3.0, 3.0]))
-    self.assertAllClose(jax.grad(plain)(self.w).value, jnp.array([3.0, 3.0]))
-    both = lambda w: (
-        jnp.sum(dup(w)[0].value * 3.0) + jnp.sum(dup(w)[1].value * 5.0)
-    )
-    self.assertAllClose(jax.grad(both)(self.w).value, jnp.array([8.0, 8.0]))
+    with self.assertWarnsRegex(jax.tree_util.SplitTieWarning, _TOLD_APART):
+      one = lambda w: jnp.sum(dup(w)[0].value * 3.0)
+      plain = lambda w: jnp.sum((lambda a: (a, a))(w)[0].value * 3.0)
+      self.assertAllClose(jax.grad(one)(self.w).value, jnp.array([3.0, 3.0]))
+      self.assertAllClose(jax.grad(plain)(self.w).value, jnp.array([3.0, 3.0]))
+      both = lambda w: (
+          jnp.sum(dup(w)[0].value * 3.0) + jnp.sum(dup(w)[1].value * 5.0)
+      )
+      self.assertAllClose(jax.grad(both)(self.w).value, jnp.array([8.0, 8.0]))
 
   def test_custom_vjp_bwd_sees_each_output_position_as_stock_does(self):
-    seen = []
+    with self.assertWarnsRegex(jax.tree_util.SplitTieWarning, _TOLD_APART):
+      seen = []
 
-    @jax.custom_vjp
-    def f(a):
-      return (a, a)
+      @jax.custom_vjp
+      def f(a):
+        return (a, a)
 
-    def bwd(_, g):
-      seen.append(g)
-      return (Param(g[0].value + g[1].value),)
+      def bwd(_, g):
+        seen.append(g)
+        return (Param(g[0].value + g[1].value),)
 
-    f.defvjp(lambda a: ((a, a), None), bwd)
-    jax.grad(lambda w: jnp.sum(f(w)[1].value * 2.0))(self.w)
-    (g,) = seen
-    # The rule sees its two output positions apart, and the cotangent of
-    # each (only the second is used), as on stock.
-    self.assertIsNot(g[0], g[1])
-    self.assertAllClose(g[0].value, jnp.zeros(2))
-    self.assertAllClose(g[1].value, jnp.array([2.0, 2.0]))
+      f.defvjp(lambda a: ((a, a), None), bwd)
+      jax.grad(lambda w: jnp.sum(f(w)[1].value * 2.0))(self.w)
+      (g,) = seen
+      # The rule sees its two output positions apart, and the cotangent of
+      # each (only the second is used), as on stock.
+      self.assertIsNot(g[0], g[1])
+      self.assertAllClose(g[0].value, jnp.zeros(2))
+      self.assertAllClose(g[1].value, jnp.array([2.0, 2.0]))
 
   def test_custom_jvp_of_a_shared_output(self):
-    out, tangent = jax.jvp(
-        lambda w: dup_jvp(w)[0], (self.w,), (Param(jnp.ones(2)),)
-    )
-    self.assertAllClose(tangent.value, jnp.ones(2))
-    grad = jax.grad(lambda w: jnp.sum(dup_jvp(w)[0].value * 3.0))(self.w)
-    self.assertAllClose(grad.value, jnp.array([3.0, 3.0]))
+    with self.assertWarnsRegex(jax.tree_util.SplitTieWarning, _TOLD_APART):
+      out, tangent = jax.jvp(
+          lambda w: dup_jvp(w)[0], (self.w,), (Param(jnp.ones(2)),)
+      )
+      self.assertAllClose(tangent.value, jnp.ones(2))
+      grad = jax.grad(lambda w: jnp.sum(dup_jvp(w)[0].value * 3.0))(self.w)
+      self.assertAllClose(grad.value, jnp.array([3.0, 3.0]))
 
   def test_vjp_and_linear_transpose_of_a_shared_output(self):
     g = Param(jnp.array([1.0, 1.0]))

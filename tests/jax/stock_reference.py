@@ -101,8 +101,9 @@ class StockReferenceTestCase(jtu.JaxTestCase):
     # gradient is only rounding by a whole step, so an accelerator's
     # rounding ends 20 steps away by more than any tolerance that would
     # still catch a gradient counted once instead of twice.
-    with jax.numpy_dtype_promotion("standard"), jax.default_device(
-        jax.local_devices(backend="cpu")[0]
+    with (
+        jax.numpy_dtype_promotion("standard"),
+        jax.default_device(jax.local_devices(backend="cpu")[0]),
     ):
       losses, model = train(after_step=tie_holds)
     np.testing.assert_allclose(losses, self.stock["losses"], rtol=1e-5)
