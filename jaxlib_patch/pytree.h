@@ -299,10 +299,10 @@ class PyTreeDef {
   nb::list FlattenUpTo(nb::handle tree) const;
 
   // --- unflatten.cc
-  // Builds the tree; where the treedef records written-out ties, a place
-  // whose leaves are the very objects of its first place's gets the object
-  // built there, and the places built apart are handed, as pairs of
-  // objects, to the registry's `tie_split_observer` attribute if it has one.
+  // Builds the tree; where the treedef records written-out ties, each
+  // object built for a later place of an object, beside the one built for
+  // its first place, is handed to the registry's `tie_split_observer`
+  // attribute if it has one.
   nb::object Unflatten(nb::iterable leaves) const;
   nb::object Walk(const nb::callable& f_node, nb::handle f_leaf,
                   nb::iterable leaves) const;
@@ -431,6 +431,9 @@ class PyTreeDef {
   // The traversal from the entries of a pickled state, on registry_.
   void SetNodes(nb::handle nodes);
   static uint64_t NewOrigin();
+  // Unflatten's part: hands the pairs of objects built for the places of
+  // each written-out tie (`built`, by position) to the observer.
+  void ReportWrittenOutTies(const std::vector<nb::object>& built) const;
   // Appends the root of a concatenation, with its key if keys are kept.
   void AppendRoot(Node root);
   NodeKey KeyOf(size_t index) const;

@@ -2,10 +2,7 @@
 // from_iterable_tree. All three run the traversal forwards, building each node
 // from its children, and build a shared node once.
 
-#include <algorithm>
-#include <map>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -85,18 +82,17 @@ namespace {
 
 // Runs the traversal forwards: `leaf(i)` gives the object of the leaf at
 // position i, `node(n, children)` builds a node from its children. The object
-// built for an opted-in node is remembered, and every reference to it gets
-// that same object.
+// built for an opted-in node is remembered in `shared`, by position, and
+// every reference to it gets that same object.
 template <typename LeafFn, typename NodeFn>
 nb::object BuildBottomUp(const Traversal& traversal, LeafFn&& leaf,
-                         NodeFn&& node_fn) {
+                         NodeFn&& node_fn, std::vector<nb::object>& shared) {
   std::vector<nb::object> agenda;
   // The stack never holds more than every position: one allocation, where
   // growing by doubling cost several on the small trees of every call.
   agenda.reserve(traversal.size());
-  // Indexed by position; allocated at the first opted-in node, which comes
-  // before any reference to it.
-  std::vector<nb::object> shared;
+  // `shared` is allocated at the first opted-in node, which comes before any
+  // reference to it.
   for (size_t i = 0; i < traversal.size(); ++i) {
     const Node& node = traversal[i];
     if (node.kind == PyTreeKind::kLeaf) {
@@ -205,186 +201,48 @@ class LeafReader {
 
 }  // namespace
 
-namespace {
-
-// Unflatten of a treedef that records written-out ties. The leaves are read
-// up front, so that a place can be compared with the object's other places
-// before anything is built under it. Going forwards, at the first node of a
-// copy's subtree the copy (the outermost one first, where several start
-// there) takes the object built at the first of the object's places whose
-// leaves are the very objects under it: nothing in the values tells those
-// places apart, so they stay one object, as a tree map keeps them. A copy
-// whose leaves differ from those of every place before it is built apart,
-// and reported beside the object of the first place.
-class RetyingBuilder {
- public:
-  RetyingBuilder(const Traversal& traversal,
-                 const std::vector<PyTreeDef::WrittenOutTie>& ties,
-                 std::vector<nb::object> leaves)
-      : traversal_(traversal), ties_(ties), leaves_(std::move(leaves)) {
-    built_.resize(traversal.size());
-    first_leaf_.resize(traversal.size() + 1);
-    // first_leaf_[i]: how many leaves come before node i's subtree.
-    Py_ssize_t leaves_so_far = 0;
-    for (size_t i = 0; i < traversal.size(); ++i) {
-      leaves_so_far += traversal[i].kind == PyTreeKind::kLeaf ? 1 : 0;
-      first_leaf_[i] = leaves_so_far - traversal[i].num_leaves;
-    }
-    for (size_t t = 0; t < ties.size(); ++t) {
-      const Node& copy = traversal[ties[t].copy];
-      starting_.push_back({ties[t].copy - copy.num_nodes + 1, t});
-      first_of_copy_[ties[t].copy] = ties[t].first;
-    }
-    // By start, and the outermost copy (the one ending last) first.
-    std::sort(
-        starting_.begin(), starting_.end(), [&](const auto& a, const auto& b) {
-          return a.first != b.first ? a.first < b.first
-                                    : ties[a.second].copy > ties[b.second].copy;
-        });
-  }
-
-  nb::object Build() {
-    std::vector<nb::object> agenda;
-    agenda.reserve(traversal_.size());
-    size_t next_start = 0;
-    Py_ssize_t leaf = 0;
-    for (Py_ssize_t i = 0; i < static_cast<Py_ssize_t>(traversal_.size());
-         ++i) {
-      for (; next_start < starting_.size() && starting_[next_start].first < i;
-           ++next_start) {
-      }
-      const auto [kept, like] = KeptCopyStartingAt(i, next_start);
-      if (kept >= 0) {
-        const PyTreeDef::WrittenOutTie& tie = ties_[kept];
-        agenda.push_back(built_[like]);
-        leaf += traversal_[tie.copy].num_leaves;
-        i = tie.copy;
-        continue;
-      }
-      const Node& node = traversal_[i];
-      if (node.kind == PyTreeKind::kLeaf) {
-        agenda.push_back(leaves_[leaf++]);
-        continue;
-      }
-      JAXLIB_PATCH_EXPECT(!node.is_reference(),
-                          "A reference in a written-out layout");
-      JAXLIB_PATCH_EXPECT(static_cast<Py_ssize_t>(agenda.size()) >= node.arity,
-                          "Too few elements for PyTreeDef node");
-      nb::object made =
-          MakeNode(node, agenda.data() + agenda.size() - node.arity);
-      agenda.resize(agenda.size() - node.arity);
-      if (KeepsIdentity(node.custom)) built_[i] = made;
-      const auto copy_of = first_of_copy_.find(i);
-      if (copy_of != first_of_copy_.end()) {
-        built_apart_[copy_of->second].push_back(i);
-      }
-      agenda.push_back(std::move(made));
-    }
-    JAXLIB_PATCH_EXPECT(agenda.size() == 1,
-                        "A validated traversal built other than one root");
-    return std::move(agenda.back());
-  }
-
-  // The first place's object and each other object built for the same
-  // object's places.
-  nb::list SplitPairs() const {
-    nb::list pairs;
-    for (const auto& [first, copies] : built_apart_) {
-      for (Py_ssize_t copy : copies) {
-        pairs.append(nb::make_tuple(built_[first], built_[copy]));
-      }
-    }
-    return pairs;
-  }
-
- private:
-  // The tie whose copy starts at node `i` and can take the object of an
-  // earlier place, and that place's index, among the ties from
-  // `starting_[from]` on; {-1, -1} if none.
-  std::pair<Py_ssize_t, Py_ssize_t> KeptCopyStartingAt(Py_ssize_t i,
-                                                       size_t from) const {
-    for (size_t k = from; k < starting_.size() && starting_[k].first == i;
-         ++k) {
-      const PyTreeDef::WrittenOutTie& tie = ties_[starting_[k].second];
-      if (!built_[tie.first].is_valid()) continue;
-      if (SameLeaves(tie.first, tie.copy))
-        return {starting_[k].second, tie.first};
-      const auto apart = built_apart_.find(tie.first);
-      if (apart == built_apart_.end()) continue;
-      for (Py_ssize_t place : apart->second) {
-        if (SameLeaves(place, tie.copy)) return {starting_[k].second, place};
-      }
-    }
-    return {-1, -1};
-  }
-
-  // Whether the leaves under the nodes at `a` and `b` are the very same
-  // objects.
-  bool SameLeaves(Py_ssize_t a, Py_ssize_t b) const {
-    const Py_ssize_t n = traversal_[b].num_leaves;
-    if (traversal_[a].num_leaves != n) return false;
-    const Py_ssize_t from_a = first_leaf_[a], from_b = first_leaf_[b];
-    for (Py_ssize_t k = 0; k < n; ++k) {
-      if (!leaves_[from_a + k].is(leaves_[from_b + k])) return false;
-    }
-    return true;
-  }
-
-  const Traversal& traversal_;
-  const std::vector<PyTreeDef::WrittenOutTie>& ties_;
-  const std::vector<nb::object> leaves_;
-  // The object built at each opted-in node's place (a kept copy's stays
-  // unset, and so does every node under it).
-  std::vector<nb::object> built_;
-  std::vector<Py_ssize_t> first_leaf_;
-  // (first node of a copy's subtree, index of its tie), sorted.
-  std::vector<std::pair<Py_ssize_t, size_t>> starting_;
-  // The first place of each copy, by the copy's index.
-  std::unordered_map<Py_ssize_t, Py_ssize_t> first_of_copy_;
-  // The places built apart of each object, by its first place; ordered, so
-  // that the pairs are reported in the traversal's order.
-  std::map<Py_ssize_t, std::vector<Py_ssize_t>> built_apart_;
-};
-
-}  // namespace
-
 nb::object PyTreeDef::Unflatten(nb::iterable leaves) const {
   registry();  // Raises on a treedef emptied by the garbage collector.
   LeafReader reader(leaves, num_leaves(), /*with_counts=*/true);
-  if (!written_out_ties_.empty()) {
-    std::vector<nb::object> read;
-    read.reserve(num_leaves());
-    for (Py_ssize_t k = 0; k < num_leaves(); ++k) read.push_back(reader.Next());
-    reader.CheckExhausted();
-    RetyingBuilder builder(traversal_, written_out_ties_, std::move(read));
-    nb::object tree = builder.Build();
-    nb::list split = builder.SplitPairs();
-    if (PyList_GET_SIZE(split.ptr()) > 0) {
-      nb::object observer =
-          nb::getattr(registry_ref_, "tie_split_observer", nb::none());
-      if (!observer.is_none()) observer(split);
-    }
-    return tree;
-  }
+  std::vector<nb::object> built;
   nb::object tree = BuildBottomUp(
       traversal_, [&](size_t) { return reader.Next(); },
       [](const Node& node, nb::object* children) {
         return MakeNode(node, children);
-      });
+      },
+      built);
   reader.CheckExhausted();
+  if (!written_out_ties_.empty()) ReportWrittenOutTies(built);
   return tree;
+}
+
+void PyTreeDef::ReportWrittenOutTies(
+    const std::vector<nb::object>& built) const {
+  // Built as stock builds them, a copy per place: the values are stock's
+  // whatever reads the result's sharing later (cotangents count one object
+  // once). Whether the copies matter is for the observer to say.
+  nb::object observer =
+      nb::getattr(registry_ref_, "tie_split_observer", nb::none());
+  if (observer.is_none()) return;
+  nb::list pairs;
+  for (const WrittenOutTie& tie : written_out_ties_) {
+    pairs.append(nb::make_tuple(built[tie.first], built[tie.copy]));
+  }
+  observer(pairs);
 }
 
 nb::object PyTreeDef::Walk(const nb::callable& f_node, nb::handle f_leaf,
                            nb::iterable leaves) const {
   registry();  // Raises on a treedef emptied by the garbage collector.
   LeafReader reader(leaves, num_leaves(), /*with_counts=*/false);
+  std::vector<nb::object> built;
   nb::object tree = BuildBottomUp(
       traversal_, [&](size_t) { return f_leaf(reader.Next()); },
       [&](const Node& node, nb::object* children) {
         nb::object tuple = TupleOf(children, node.arity);
         return f_node(tuple, ExportedNodeData(node));
-      });
+      },
+      built);
   reader.CheckExhausted();
   return tree;
 }
@@ -408,11 +266,13 @@ nb::object PyTreeDef::FromIterableTree(nb::handle tree) const {
     }
     for (nb::object& item : items) agenda.push_back(std::move(item));
   }
+  std::vector<nb::object> built;
   return BuildBottomUp(
       traversal_, [&](size_t i) { return std::move(at[i]); },
       [](const Node& node, nb::object* children) {
         return MakeNode(node, children);
-      });
+      },
+      built);
 }
 
 }  // namespace jaxlib_patch

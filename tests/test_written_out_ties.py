@@ -2,9 +2,9 @@
 
 A flatten with a registry that writes a shared node out at each of its
 places (``keeps_relative_identities=False``, JAX's own) records which places
-were one object; the treedef's ``unflatten`` builds one object for the
-places whose leaves are the very same objects and hands each object built
-apart, beside the object of the first place, to the registry's
+were one object. The treedef's ``unflatten`` builds the tree as stock does,
+an object per place, and hands each object built for a later place of an
+object, beside the one built for its first place, to the registry's
 ``tie_split_observer``. Nothing else of the treedef sees the record:
 equality, hashing and pickling are stock's.
 """
@@ -53,21 +53,6 @@ def places(tree):
   return [tuple(entry) for entry in found]
 
 
-def expected_ties(tree, new_leaves):
-  """The pairs of places that unflatten must make one object: one object
-  in `tree`, and the very same objects among `new_leaves` under both."""
-  located = places(tree)
-  return {
-      (i, j)
-      for (i, (a, sa, ea)), (j, (b, sb, eb)) in itertools.combinations(
-          enumerate(located), 2
-      )
-      if a is b
-      and ea - sa == eb - sb
-      and all(new_leaves[sa + k] is new_leaves[sb + k] for k in range(ea - sa))
-  }
-
-
 def ties(tree):
   located = places(tree)
   return {
@@ -88,53 +73,46 @@ def unflatten_observed(treedef, leaves):
     del WRITING_OUT.tie_split_observer
 
 
+def expected_pairs(tree, rebuilt):
+  """(object at the first place, object at a later place) of each later
+  place of each object of `tree`, in `rebuilt`."""
+  first_place = {}
+  pairs = []
+  for (original, _, _), (built, _, _) in zip(places(tree), places(rebuilt)):
+    if id(original) in first_place:
+      pairs.append((first_place[id(original)], built))
+    else:
+      first_place[id(original)] = built
+  return pairs
+
+
 @settings(max_examples=200, deadline=None)
-@given(dags())
-def test_the_same_leaves_unflatten_to_the_same_ties(tree):
+@given(dags(), st.data())
+def test_unflatten_builds_as_stock_and_reports_every_later_place(tree, data):
   for leaves, treedef in (
       WRITING_OUT.flatten(tree),
       _without_paths(WRITING_OUT.flatten_with_path(tree)),
   ):
     assert treedef == KEEPING.flatten(tree)[1].unshared()
-    rebuilt, split = unflatten_observed(treedef, leaves)
-    assert ties(rebuilt) == ties(tree)
-    assert split == []
-    assert WRITING_OUT.flatten(rebuilt)[0] == leaves
+    # The same leaves, or some of them new: either way an object per place.
+    new_leaves = [
+        nodes.Leaf() if data.draw(st.booleans(), label=f"new {k}") else leaf
+        for k, leaf in enumerate(leaves)
+    ]
+    rebuilt, split = unflatten_observed(treedef, new_leaves)
+    assert ties(rebuilt) == set()
+    assert WRITING_OUT.flatten(rebuilt)[0] == new_leaves
+    # In post-order, as the flatten met the places; the pairs themselves
+    # are those of stock's places.
+    expected = expected_pairs(tree, rebuilt)
+    assert len(split) == len(expected)
+    as_ids = lambda pairs: {(id(a), id(b)) for a, b in pairs}
+    assert as_ids(split) == as_ids(expected)
 
 
 def _without_paths(flattened):
   path_leaves, treedef = flattened
   return [leaf for _, leaf in path_leaves], treedef
-
-
-@settings(max_examples=200, deadline=None)
-@given(dags(), st.data())
-def test_places_stay_one_object_where_their_leaves_are_the_same(tree, data):
-  leaves, treedef = WRITING_OUT.flatten(tree)
-  # Some places' leaves replaced by new objects, the rest kept.
-  new_leaves = [
-      nodes.Leaf() if data.draw(st.booleans(), label=f"replace {k}") else leaf
-      for k, leaf in enumerate(leaves)
-  ]
-  rebuilt, split = unflatten_observed(treedef, new_leaves)
-  assert ties(rebuilt) == expected_ties(tree, new_leaves)
-  assert WRITING_OUT.flatten(rebuilt)[0] == new_leaves
-  # Every object built apart is reported beside its first place's object,
-  # both in the result, and nothing else is.
-  in_result = {id(entry[0]) for entry in places(rebuilt)}
-  for first, copy in split:
-    assert first is not copy and type(first) is type(copy)
-    assert id(first) in in_result and id(copy) in in_result
-  objects_of = {}
-  for (original, _, _), (built, _, _) in zip(places(tree), places(rebuilt)):
-    objects_of.setdefault(id(original), []).append(built)
-  apart = {
-      (id(built[0]), id(other))
-      for built in objects_of.values()
-      for other in {id(b): b for b in built[1:]}.values()
-      if other is not built[0]
-  }
-  assert {(id(a), id(b)) for a, b in split} == apart
 
 
 @settings(max_examples=100, deadline=None)
@@ -145,7 +123,7 @@ def test_the_record_is_not_part_of_the_structure(tree):
   assert treedef == unshared and hash(treedef) == hash(unshared)
   again = pickle.loads(pickle.dumps(treedef))
   assert again == treedef
-  # A pickled treedef remembers nothing: each place is an object of its own.
+  # A pickled treedef remembers nothing: nothing is reported.
   rebuilt, split = unflatten_observed(again, leaves)
   assert ties(rebuilt) == set() and split == []
 
@@ -160,7 +138,7 @@ def test_a_keeping_registry_and_a_stock_layout_section_record_nothing():
     leaves, inside = WRITING_OUT.flatten(pair)
   finally:
     pt.exit_stock_layout()
-  # Custom rules get copies on purpose: nothing ties them again.
+  # Custom rules get copies on purpose: nothing is reported.
   rebuilt, split = unflatten_observed(inside, leaves)
   assert rebuilt[0] is not rebuilt[1] and split == []
 
@@ -168,17 +146,8 @@ def test_a_keeping_registry_and_a_stock_layout_section_record_nothing():
 def test_only_opted_in_objects_are_remembered():
   box = nodes.Box([nodes.Leaf()])
   leaves, treedef = WRITING_OUT.flatten([box, box])
-  rebuilt, _ = unflatten_observed(treedef, leaves)
-  assert rebuilt[0] is not rebuilt[1]  # As stock: a plain node is per place.
-
-
-def test_a_place_matches_any_earlier_place_of_the_object():
-  shared = nodes.PNode("p", [nodes.Leaf()])
-  leaves, treedef = WRITING_OUT.flatten([shared, shared, shared])
-  other = nodes.Leaf()
-  rebuilt, split = unflatten_observed(treedef, [leaves[0], other, other])
-  assert rebuilt[1] is rebuilt[2] and rebuilt[0] is not rebuilt[1]
-  assert split == [(rebuilt[0], rebuilt[1])]
+  rebuilt, split = unflatten_observed(treedef, leaves)
+  assert rebuilt[0] is not rebuilt[1] and split == []
 
 
 def test_a_failing_observer_fails_the_unflatten():
