@@ -19,7 +19,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from absl.testing import absltest, parameterized
-from hypothesis import strategies as st
 from jax import tree_util
 from jax._src import api_util
 from jax._src import config as jax_config
@@ -31,6 +30,7 @@ from jax._src import tree_identities
 from jax._src import tree_util as internal_tree_util
 from jax._src.interpreters import partial_eval as pe
 
+from functions_of_each_leaf_test import shared_trees
 from shared_nodes import Param
 
 
@@ -58,33 +58,6 @@ def traced(function, tree):
 
 def _leaf(seed):
   return jnp.arange(3, dtype=jnp.float32) + seed
-
-
-@st.composite
-def tied_trees(draw):
-  """A dict, list or tuple holding a few Params, at least one at several
-  places; a Param may hold an earlier one twice (a DAG)."""
-  params = [Param(_leaf(draw(st.integers(0, 9))))]
-  for _ in range(draw(st.integers(0, 2))):
-    inner = draw(st.sampled_from(params))
-    params.append(
-        draw(
-            st.sampled_from(
-                [Param(_leaf(draw(st.integers(0, 9)))), Param((inner, inner))]
-            )
-        )
-    )
-  items = draw(st.lists(st.sampled_from(params), min_size=2, max_size=4))
-  container = draw(st.sampled_from(["list", "tuple", "dict"]))
-  tree = (
-      {f"k{i}": p for i, p in enumerate(items)}
-      if container == "dict"
-      else tuple(items)
-      if container == "tuple"
-      else items
-  )
-  hypothesis.assume(jax.tree.structure(tree).has_shared_nodes)
-  return tree
 
 
 def _told(run):
@@ -118,7 +91,7 @@ class UnlistedSitesTest(jtu.JaxTestCase):
       ),
   )
   @hypothesis.settings(max_examples=15, deadline=None)
-  @hypothesis.given(tree=tied_trees())
+  @hypothesis.given(tree=shared_trees())
   def test_a_split_is_told_once_with_the_places(self, run, tree):
     result, told = _told(lambda: run(tree))
     self.assertStocksValues(
