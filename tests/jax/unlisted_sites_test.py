@@ -139,6 +139,23 @@ class UnlistedSitesTest(jtu.JaxTestCase):
         result = each_leaf(lambda x: x + 1, [p, p])
     self.assertIsNot(result[0], result[1])
 
+  def test_a_result_that_is_not_a_tree_is_returned_untold(self):
+    # A result whose flatten fails (here: an opted-in node that holds
+    # itself) cannot have its places named; the call still returns it.
+    p = Param(_leaf(0))
+    looped = Param(None)
+    looped.value = looped
+
+    @traceback_util.api_boundary
+    def with_a_loop(tree):
+      leaves, treedef = internal_tree_util.tree_flatten(tree)
+      return treedef.unflatten([leaf + 1 for leaf in leaves]), looped
+
+    (result, loop), told = _told(lambda: with_a_loop([p, p]))
+    self.assertIs(loop, looped)
+    self.assertIsNot(result[0], result[1])
+    self.assertEmpty(told)
+
   def test_a_tree_returned_to_jax_itself_is_not_told(self):
     # A public function called by JAX's own code hands its result to JAX,
     # which may split the places on purpose; the user's call is the outer.
