@@ -280,8 +280,8 @@ class Flattener {
 
   // Whether this flatten writes a shared node out at each place and records
   // where (PyTreeDef::WrittenOutTie): a registry without relative
-  // identities, outside a stock-layout section, whose copies are handed out
-  // on purpose and never tied again.
+  // identities, outside a stock-layout section (inside one, custom rules are
+  // handed copies on purpose, which nobody is to be told of).
   bool RecordsWrittenOutTiesNow() {
     if (records_ties_ < 0) {
       records_ties_ = !registry_.keeps_relative_identities() &&
