@@ -1,0 +1,124 @@
+"""Each commit of the jax patch series, checked out alone, runs JAX.
+
+    python build/series_smoke.py [--version V] [--python PY] [--keep DIR]
+
+Checks the series out as ``patch_series.py checkout`` does, into a temporary
+folder (or DIR, kept), and at each commit from the first patch on runs
+SMOKE with ``PY`` (default: this interpreter), the checkout first on its
+path: ``jax.jit``, ``jax.grad``, ``jax.vmap``, ``lax.scan`` and
+``jax.tree.map`` on a pair that holds one opted-in object twice, warnings
+as errors. A commit passes when every call runs and computes stock's
+values; whether it keeps the tie is printed beside, since the patches that
+keep it come after those that make room for it. ``PY`` must import this
+repository's module (``jaxlib_patch``) and jaxlib: the venv of
+``tests/run.sh``'s JAX-level tests, say. Exits 1 if a commit fails.
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from build_common import DEFAULT_VERSION
+from patch_series import STOCK_SUBJECT, checkout, git
+
+# Run at each commit. Opts in through jax's registration where the commit
+# has the flag, else through the module's registry, which has it from 0001.
+SMOKE = r"""
+import dataclasses, inspect, warnings
+warnings.simplefilter("error")
+import jax, jax.numpy as jnp
+from jax._src import tree_util
+
+@dataclasses.dataclass
+class Param:
+  value: object
+
+if "preserve_relative_identities" in inspect.signature(
+    jax.tree_util.register_dataclass).parameters:
+  jax.tree_util.register_dataclass(
+      Param, ["value"], [], preserve_relative_identities=True)
+else:
+  registry = getattr(tree_util, "identity_default_registry",
+                     tree_util.default_registry)
+  registry.register_dataclass_node(
+      Param, ["value"], [], preserve_relative_identities=True)
+
+p = Param(jnp.arange(3.0))
+pair = (p, p)
+kept = {}
+
+out = jax.jit(lambda t: (t[0], Param(t[1].value * 2)))(pair)
+assert (out[0].value == p.value).all() and (out[1].value == 2 * p.value).all()
+kept["jit"] = jax.jit(lambda t: t)(pair)
+grad = jax.grad(lambda t: jnp.sum(t[0].value * 2 + t[1].value * 3))(pair)
+assert sum(float(g.value[0]) for g in {id(g): g for g in grad}.values()) == 5
+kept["grad"] = grad
+mapped = jax.vmap(lambda t: t)((Param(jnp.ones((2, 3))),) * 2)
+kept["vmap"] = mapped
+carry, _ = jax.lax.scan(lambda c, _: (c, None), pair, None, length=2)
+assert (carry[0].value == p.value).all()
+kept["scan"] = carry
+plus = jax.tree.map(lambda x: x + 1, pair)
+assert (plus[1].value == p.value + 1).all()
+kept["tree.map"] = plus
+print(" ".join(k for k, t in kept.items() if t[0] is t[1]) or "-")
+"""
+
+
+def smoke(folder: Path, version: str, python: str) -> int:
+  log = git(folder, "log", "--reverse", "--format=%H %s").splitlines()
+  subjects = [line.split(" ", 1) for line in log]
+  stock = STOCK_SUBJECT.format(version=version)
+  failed = 0
+  for number, (commit, subject) in enumerate(subjects):
+    if subject == stock:
+      continue
+    git(folder, "checkout", "-q", commit)
+    done = subprocess.run(
+        [python, "-c", SMOKE],
+        cwd=tempfile.gettempdir(),
+        env=dict(os.environ, PYTHONPATH=str(folder), JAX_PLATFORMS="cpu"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if done.returncode == 0:
+      print(f"{number:04d} {subject}: ran; ties kept by: {done.stdout.strip()}")
+    else:
+      failed += 1
+      # The exception's own line: the last that names an error, not the
+      # note jax's traceback filtering appends.
+      lines = done.stderr.strip().splitlines() or ["no output"]
+      named = [
+          l for l in lines if re.match(r"\w+(\.\w+)*(Error|Exception)\b", l)
+      ]
+      error = (named or lines)[-1][:200]
+      print(f"{number:04d} {subject}: FAILED: {error}")
+  print(
+      f"series_smoke: {len(subjects) - 1 - failed} of {len(subjects) - 1} "
+      "commits run JAX on a tied pair"
+  )
+  return 1 if failed else 0
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--version", default=DEFAULT_VERSION)
+  parser.add_argument("--python", default=sys.executable)
+  parser.add_argument("--keep", type=Path, help="check out here, and keep it")
+  args = parser.parse_args()
+  if args.keep:
+    checkout(args.keep, args.version, None)
+    sys.exit(smoke(args.keep, args.version, args.python))
+  with tempfile.TemporaryDirectory() as scratch:
+    folder = Path(scratch) / "jax"
+    checkout(folder, args.version, None)
+    sys.exit(smoke(folder, args.version, args.python))
+
+
+if __name__ == "__main__":
+  main()
