@@ -23,7 +23,6 @@ import hypothesis
 from hypothesis import strategies as st
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax import tree_util
 from jax._src import test_util as jtu
@@ -34,6 +33,8 @@ from jax.experimental.compute_on import compute_on2
 from jax.experimental.layout import Layout, with_layout_constraint
 from jax.experimental.xla_metadata import set_xla_metadata
 from jax.sharding import PartitionSpec
+
+import stock_reference
 
 LENGTH = 4
 
@@ -199,12 +200,7 @@ class FunctionsOfEachLeafTest(jtu.JaxTestCase):
   def check(self, function, tree):
     result = function(tree)
     self.assertEqual(jax.tree.structure(result), jax.tree.structure(tree))
-    expected = function(tree_util.tree_unshare(tree))
-    got = jax.tree.leaves(tree_util.tree_unshare(result))
-    want = jax.tree.leaves(expected)
-    self.assertLen(got, len(want))
-    for a, b in zip(got, want):
-      np.testing.assert_allclose(a, b, rtol=1e-6)
+    stock_reference.assert_values_as_on_copies(result, function, tree)
 
   @parameterized.named_parameters((name, name) for name in CASES)
   @hypothesis.settings(max_examples=8, deadline=None)

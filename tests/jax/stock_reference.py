@@ -58,6 +58,18 @@ def reference_tolerance(rtol, atol=0.0):
   return {"rtol": max(rtol, ACCELERATOR_RTOL), "atol": max(atol, 1e-5)}
 
 
+def assert_values_as_on_copies(result, function, tree):
+  """`result`, what `function` gave for `tree`, holds place by place the
+  values `function` gives for `tree` laid out as stock lays it out (a copy
+  of each shared node per place), the tree stock JAX would have been given."""
+  expected = function(jax.tree_util.tree_unshare(tree))
+  got = jax.tree.leaves(jax.tree_util.tree_unshare(result))
+  want = jax.tree.leaves(expected)
+  assert len(got) == len(want), (len(got), len(want))
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
 def run_with_stock_jax(script, needs, *args):
   """The JSON that ``script`` prints when run with stock jax and the command
   line arguments ``args``; ``needs`` names the packages it imports besides
