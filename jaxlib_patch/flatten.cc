@@ -271,23 +271,34 @@ class Flattener {
         leaves_(leaves),
         written_out_ties_(written_out_ties) {}
 
-  bool KeepsIdentitiesNow() {
-    if (keeps_identities_ < 0) {
-      keeps_identities_ = registry_.keeps_relative_identities_now() ? 1 : 0;
-    }
-    return keeps_identities_ == 1;
-  }
+  // How this flatten lays out an opted-in object met again, read at its
+  // first opted-in node and kept: the stock-layout section count is
+  // thread-local, which from a shared library costs a call at every read,
+  // and a plain tree never needs it.
+  enum class Repeats : int8_t {
+    kUnread,
+    // A reference to the first place: the registry keeps identities.
+    kReferenced,
+    // Written out again, and the place recorded (PyTreeDef::WrittenOutTie):
+    // a registry without identities, outside a stock-layout section.
+    kWrittenOutAndRecorded,
+    // Written out again, unrecorded: inside a stock-layout section custom
+    // rules are handed copies on purpose, which nobody is to be told of.
+    kWrittenOut,
+  };
 
-  // Whether this flatten writes a shared node out at each place and records
-  // where (PyTreeDef::WrittenOutTie): a registry without relative
-  // identities, outside a stock-layout section (inside one, custom rules are
-  // handed copies on purpose, which nobody is to be told of).
-  bool RecordsWrittenOutTiesNow() {
-    if (records_ties_ < 0) {
-      records_ties_ = !registry_.keeps_relative_identities() &&
-                      PyTreeRegistry::stock_layout_depth == 0;
+  Repeats RepeatsNow() {
+    if (repeats_ == Repeats::kUnread) {
+      if (registry_.keeps_relative_identities_now()) {
+        repeats_ = Repeats::kReferenced;
+      } else if (!registry_.keeps_relative_identities() &&
+                 PyTreeRegistry::stock_layout_depth == 0) {
+        repeats_ = Repeats::kWrittenOutAndRecorded;
+      } else {
+        repeats_ = Repeats::kWrittenOut;
+      }
     }
-    return records_ties_ == 1;
+    return repeats_;
   }
 
   void Flatten(nb::handle obj) {
@@ -332,7 +343,8 @@ class Flattener {
     // The first place of the object when this place writes it out again.
     Py_ssize_t written_out_of = IdentityScope::kInProgress;
     if (KeepsIdentity(node.custom)) {
-      if (KeepsIdentitiesNow()) {
+      const Repeats repeats = RepeatsNow();
+      if (repeats == Repeats::kReferenced) {
         scope = &scope_.Get();
         const IdentityScope::Entry entry = scope->Enter(obj);
         if (!entry.first) {
@@ -340,7 +352,7 @@ class Flattener {
           return;
         }
         identity_slot = entry.slot;
-      } else if (RecordsWrittenOutTiesNow()) {
+      } else if (repeats == Repeats::kWrittenOutAndRecorded) {
         IdentityScope& seen = scope_.Get();
         const IdentityScope::Entry entry = seen.Enter(obj);
         if (entry.first) {
@@ -545,12 +557,7 @@ class Flattener {
   std::vector<nb::object> pending_;  // Children of custom nodes, in waiting.
   IdentityScopeLease scope_;         // Taken at the first opted-in node.
   const uintptr_t stack_limit_ = RecursionGuard::StackLimit();
-  // Whether this flatten keeps relative identities, read at its first
-  // opted-in node and kept: the stock-layout section count is thread-local,
-  // which from a shared library costs a call at every read, and a plain
-  // tree never needs it. -1 until read.
-  int keeps_identities_ = -1;
-  int records_ties_ = -1;  // RecordsWrittenOutTiesNow, as keeps_identities_.
+  Repeats repeats_ = Repeats::kUnread;  // See RepeatsNow.
   // The type of the last leaf that took the whole way (see Flatten); the
   // registry's registrations are not expected to change mid-flatten.
   PyTypeObject* last_leaf_type_ = nullptr;
