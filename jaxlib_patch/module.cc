@@ -46,7 +46,10 @@ std::optional<bool> CheckRegistrationFlag(nb::handle flag) {
 // `other` is no treedef.
 std::optional<bool> CompareTreeDefs(const PyTreeDef& self, nb::handle other) {
   if (nb::isinstance<PyTreeDef>(other)) {
-    return self.Equals(nb::cast<const PyTreeDef&>(other));
+    const PyTreeDef& theirs = nb::cast<const PyTreeDef&>(other);
+    self.NoteIfTiedInStockLayout();
+    theirs.NoteIfTiedInStockLayout();
+    return self.Equals(theirs);
   }
   if (!IsStockTreeDef(other)) return std::nullopt;
   try {
@@ -199,8 +202,15 @@ void BindRegistry(nb::module_& m) {
 // PyTreeDef's tree operations: unflatten, matching, composing, walking,
 // taking apart and putting together, broadcasting a prefix, sizes.
 void DefTreeOperations(nb::class_<PyTreeDef>& cls) {
-  cls.def("unflatten", &PyTreeDef::Unflatten,
-          nb::sig("def unflatten(self, arg: Iterable[Any], /) -> Any"))
+  cls.def(
+         "unflatten",
+         [](const PyTreeDef& self, nb::iterable leaves) {
+           // Counted for the caller's code only: the module's own queries
+           // unflatten internally, to name keys.
+           self.NoteIfTiedInStockLayout();
+           return self.Unflatten(leaves);
+         },
+         nb::sig("def unflatten(self, arg: Iterable[Any], /) -> Any"))
       .def("flatten_up_to", &PyTreeDef::FlattenUpTo, nb::arg("tree").none())
       .def("compose", &PyTreeDef::Compose,
            nb::sig("def compose(self, arg: jaxlib_patch.pytree.PyTreeDef, /) "
@@ -373,6 +383,13 @@ void BindModuleFunctions(nb::module_& m) {
         --PyTreeRegistry::stock_layout_depth;
       },
       "Ends the innermost stock-layout section of this thread.");
+  m.def(
+      "tied_treedefs_met", [] { return PyTreeRegistry::tied_treedefs_met; },
+      "How many times this thread unflattened or compared (==, !=) a "
+      "treedef with shared nodes inside stock-layout sections: a count that "
+      "only grows, read before and after a custom rule runs on copies of "
+      "tied arguments, to tell whether it met a structure traced on the "
+      "ties.");
   m.def("all_leaves", &AllLeaves,
         nb::sig("def all_leaves(arg0: jaxlib_patch.pytree.PyTreeRegistry, "
                 "arg1: collections.abc.Iterable, /) -> bool"));

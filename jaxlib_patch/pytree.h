@@ -147,6 +147,11 @@ class PyTreeRegistry {
   // How many stock-layout sections this thread is in (module.cc's
   // enter_stock_layout and exit_stock_layout).
   static inline thread_local int stock_layout_depth = 0;
+  // How many times this thread unflattened or compared a treedef with
+  // shared nodes inside a stock-layout section (module.cc's
+  // tied_treedefs_met): a structure traced on a caller's tied trees, met
+  // where copies of them are handed out.
+  static inline thread_local Py_ssize_t tied_treedefs_met = 0;
 
   // Registrations are never removed, and each one, in any registry, moves
   // this process-wide count: while it stands, no type has changed how it
@@ -333,6 +338,13 @@ class PyTreeDef {
   // Sharing facts, read off the references (see docs/api.md).
   // Some node is the target of a reference inside this treedef.
   bool HasSharedNodes() const;
+  // Counts this treedef in PyTreeRegistry::tied_treedefs_met if it has
+  // shared nodes and the thread is in a stock-layout section.
+  void NoteIfTiedInStockLayout() const {
+    if (PyTreeRegistry::stock_layout_depth > 0 && HasSharedNodes()) {
+      ++PyTreeRegistry::tied_treedefs_met;
+    }
+  }
   // Some reference's target lies before this treedef's first node (it was
   // cut out of a larger treedef).
   bool HasExternalReferences() const;

@@ -141,3 +141,52 @@ def test_stock_layout_sections_nest_per_thread_and_must_match():
   assert KEEPING.flatten(pair)[1].has_shared_nodes
   with pytest.raises(ValueError, match="without a matching enter"):
     pt.exit_stock_layout()
+
+
+def _tied_treedefs_met(use):
+  """How much `use()` moves this thread's count of tied treedefs met,
+  run inside a stock-layout section."""
+  before = pt.tied_treedefs_met()
+  pt.enter_stock_layout()
+  try:
+    use()
+  finally:
+    pt.exit_stock_layout()
+  return pt.tied_treedefs_met() - before
+
+
+@settings(max_examples=100, deadline=None)
+@given(shared_trees(), shared_trees())
+def test_tied_treedefs_met_count_unflattens_and_comparisons_of_ties(a, b):
+  leaves, tied = KEEPING.flatten(a)
+  _, other = KEEPING.flatten(b)
+  ties = int(tied.has_shared_nodes)
+  both = ties + int(other.has_shared_nodes)
+  # Each use of a treedef with shared nodes counts once, whatever it
+  # answers; the copies' treedef (stock's layout) never counts.
+  assert _tied_treedefs_met(lambda: tied.unflatten(leaves)) == ties
+  assert _tied_treedefs_met(lambda: tied == other) == both
+  assert _tied_treedefs_met(lambda: other != tied) == both
+  copies = tied.unshared()
+  assert _tied_treedefs_met(lambda: copies == copies) == 0
+  # Outside a section, nothing is counted.
+  before = pt.tied_treedefs_met()
+  tied.unflatten(leaves)
+  assert (tied == copies) == (not ties)
+  assert pt.tied_treedefs_met() == before
+
+
+def test_tied_treedefs_met_are_counted_per_thread():
+  shared = nodes.PNode("p", [1])
+  leaves, tied = KEEPING.flatten([shared, shared])
+  seen = []
+  before = pt.tied_treedefs_met()
+  thread = threading.Thread(
+      target=lambda: seen.append(
+          _tied_treedefs_met(lambda: tied.unflatten(leaves))
+      )
+  )
+  thread.start()
+  thread.join()
+  assert seen == [1]
+  assert pt.tied_treedefs_met() == before

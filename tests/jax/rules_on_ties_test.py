@@ -1,10 +1,10 @@
 """Custom rules that cannot run on copies of a tied argument.
 
 A custom_vjp's rules get a copy of a shared node per place. A fwd rule that
-raises on the copies (it calls a function traced on the caller's tied
-arguments, as Equinox's checkpointed while_loop does) runs again on the
+raises on the copies after using a structure traced on the caller's tied
+arguments (as Equinox's checkpointed while_loop does) runs again on the
 arguments as given, and that call's rules compute with the ties, as
-jax.vjp does. A custom function's result keeps the ties it was returned
+jax.vjp does; any other error is raised as it is, the rule run once. A custom function's result keeps the ties it was returned
 with.
 """
 
@@ -34,12 +34,18 @@ class RulesOnTiesTest(jtu.JaxTestCase):
     # closure-converted body: that call's result must stay tied, and its
     # cotangent, one per object, must not be counted once per place.
     p = Param(jnp.array([1.0, 2.0]))
-    traced = jax.make_jaxpr(lambda v: jnp.sum(v**2))(p.value)
+    traced = jax.make_jaxpr(lambda a, b: jnp.sum(a.value * b.value))(p, p)
+    traced_on = jax.tree.structure((p, p))
     seen = []
 
     def run_traced(a, b):
-      (leaf,) = jax.tree.leaves((a, b))  # Fails on two objects.
-      return jax.core.eval_jaxpr(traced.jaxpr, traced.consts, leaf)[0]
+      # As a closure-converted function checks its arguments against the
+      # ones it was traced on: the copies are another structure.
+      if jax.tree.structure((a, b)) != traced_on:
+        raise ValueError("called with other arguments than it was traced on")
+      return jax.core.eval_jaxpr(
+          traced.jaxpr, traced.consts, *jax.tree.leaves((a, b))
+      )[0]
 
     @jax.custom_vjp
     def identity(pair):
@@ -67,21 +73,47 @@ class RulesOnTiesTest(jtu.JaxTestCase):
       self.assertAllClose(ga.value, 2 * p.value)
     self.assertEqual(seen, [True, True])
 
-  def test_fwd_rule_failing_on_copies_and_ties_raises_as_on_copies(self):
-    # The rerun on the ties changes nothing for a rule that fails anyway:
-    # its first error is raised, with the note that names the tie.
+  def test_fwd_rule_failing_on_its_own_runs_once(self):
+    # An error that no structure traced on the ties caused is the rule's
+    # own: raised as it is, the rule's side effects run once.
     p = Param(jnp.ones(2))
+    calls = []
 
     @jax.custom_vjp
     def f(a, b):
       return jnp.sum(a.value * b.value)
 
     def fwd(a, b):
+      calls.append("one object" if a is b else "copies")
+      raise RuntimeError("fwd's own error")
+
+    f.defvjp(fwd, lambda res, ct: (None, None))
+    for call in (f, jax.jit(f)):
+      calls.clear()
+      with self.assertRaisesRegex(RuntimeError, "^fwd's own error$"):
+        jax.grad(call, argnums=(0, 1))(p, p)
+      self.assertEqual(calls, ["copies"])
+
+  def test_fwd_rule_failing_on_copies_and_ties_raises_as_on_copies(self):
+    # A rule that met a structure traced on the ties runs again on them;
+    # for one that fails anyway, that changes nothing: its first error is
+    # raised, with the note that names the tie.
+    p = Param(jnp.ones(2))
+    traced_on = jax.tree.structure((p, p))
+    calls = []
+
+    @jax.custom_vjp
+    def f(a, b):
+      return jnp.sum(a.value * b.value)
+
+    def fwd(a, b):
+      calls.append(jax.tree.structure((a, b)) == traced_on)
       raise ValueError(f"fwd got {'one object' if a is b else 'copies'}")
 
     f.defvjp(fwd, lambda res, ct: (None, None))
     with self.assertRaisesRegex(ValueError, "^fwd got copies$") as caught:
       jax.grad(f, argnums=(0, 1))(p, p)
+    self.assertEqual(calls, [False, True])  # On the copies, then the ties.
     self.assertIn(
         "The caller passed the Param at args[0] and args[1] as one object",
         "\n".join(caught.exception.__notes__),
