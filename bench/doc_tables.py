@@ -31,6 +31,7 @@ import re
 import sys
 
 import doc_cxx_sizes
+import doc_series_sizes
 import result_tables
 from count_jit_instructions import CASES as COUNT_JIT_CASES
 from md_table import table
@@ -304,6 +305,8 @@ RENDERERS = {
 FOLDER_RENDERERS = {
     "cxx-total": doc_cxx_sizes.total_phrase,
     "cxx-sizes-table": doc_cxx_sizes.sizes_table,
+    "series-total": doc_series_sizes.total_phrase,
+    "series-sizes-table": doc_series_sizes.sizes_table,
 }
 
 
@@ -369,7 +372,12 @@ def main(argv=None):
     parts += len(MARKER.findall(old))
     try:
       new = regenerate(old)
-    except (doc_cxx_sizes.SizesError, KeyError, ValueError) as e:
+    except (
+        doc_cxx_sizes.SizesError,
+        doc_series_sizes.SeriesError,
+        KeyError,
+        ValueError,
+    ) as e:
       print(f"{path}: {type(e).__name__}: {e}")
       errors += 1
       continue

@@ -321,6 +321,39 @@ def test_the_check_finds_a_cxx_file_the_size_table_lacks(tmp_path):
   assert "in none ['registry.cc']" in done.stdout, done.stdout
 
 
+def test_the_check_finds_a_patch_the_series_table_lacks(tmp_path):
+  doc = (ROOT / "docs/jax-integration.md").read_text()
+  rows = [l for l in doc.splitlines() if l.startswith("| `0014-")]
+  assert len(rows) == 1
+  copy = tmp_path / "jax-integration.md"
+  copy.write_text(doc.replace(rows[0] + "\n", ""))
+  done = run_generator("--check", copy)
+  assert done.returncode == 1
+  assert "missing ['0014-unshare-and-retie']" in done.stdout, done.stdout
+
+
+def test_series_sizes_count_what_each_patch_adds_and_deletes():
+  # The table's counts are the diff lines, file headers and the
+  # description aside: checked here against git's own count of each patch.
+  table = read("docs/jax-integration.md")
+  for name in patches():
+    stat = subprocess.run(
+        ["git", "apply", "--numstat", str(ROOT / "jax_patch" / VERSION / name)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split("\n")
+    rows = [r.split("\t") for r in stat if r]
+    files, added, deleted = (
+        len(rows),
+        sum(int(r[0]) for r in rows),
+        sum(int(r[1]) for r in rows),
+    )
+    row = f"`{name.removesuffix('.patch')}` |"
+    (line,) = [l for l in table.splitlines() if l.startswith(f"| {row}")]
+    assert line.endswith(f"| {files} | {added} | {deleted} |"), (line, stat)
+
+
 def test_every_result_file_makes_a_generated_part():
   sources = {
       source
