@@ -68,7 +68,9 @@ def sizes_table(folder, body):
   out = []
   for line in body.split("\n"):
     cells = line.split("|")
-    names = re.findall(r"^ `(\d{4}-[\w-]+)` $", cells[1]) if len(cells) > 5 else []
+    names = (
+        re.findall(r"^ `(\d{4}-[\w-]+)` $", cells[1]) if len(cells) > 5 else []
+    )
     if not names:
       out.append(line)  # the header or the rule under it
       continue

@@ -184,9 +184,10 @@ void BindRegistry(nb::module_& m) {
            "Opts `type` and every subclass of it, registered before or after "
            "this call, in to relative identities. `type` need not be "
            "registered itself; builtin node types (None, tuple, list, dict) "
-           "cannot be opted in.",
+           "cannot be opted in. Returns the classes it opted in now whose "
+           "instances an unflatten had already built (a late opt-in).",
            nb::sig("def preserve_relative_identities(self, type: type, /) "
-                   "-> None"))
+                   "-> list[type]"))
       .def("has_relative_identities", &PyTreeRegistry::HasRelativeIdentities,
            nb::arg("type").none(),
            "Whether nodes of `type` keep relative identities: it is "

@@ -88,6 +88,11 @@ class PyTreeRegistry {
     // Registered with preserve_relative_identities=False said in so many
     // words: the opt-in of a base class (before or after) passes it by.
     bool declines_relative_identities = false;
+    // An unflatten built instances at two places of one tree before the
+    // type kept identities: where they were one object, they are two now
+    // (OptInRelativeIdentities reports it). Atomic: unflattens on several
+    // threads set it.
+    mutable std::atomic<bool> built_by_unflatten = false;
   };
 
   PyTreeRegistry(bool enable_none, bool enable_tuple, bool enable_namedtuple,
@@ -163,7 +168,9 @@ class PyTreeRegistry {
 
   // Opts `type` and every subclass of it, registered now or later, in to
   // relative identities. `type` itself need not be registered.
-  void OptInRelativeIdentities(nb::handle type);
+  // Returns the classes it opted in now whose instances an unflatten built
+  // before (a late opt-in: the caller tells the user).
+  nb::list OptInRelativeIdentities(nb::handle type);
   // Whether nodes of `type` keep relative identities: it is registered with
   // them, or it or a base class was opted in by OptInRelativeIdentities.
   bool HasRelativeIdentities(nb::handle type) const;

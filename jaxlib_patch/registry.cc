@@ -176,7 +176,7 @@ static PyTypeObject* CheckType(nb::handle type, const char* what) {
   return reinterpret_cast<PyTypeObject*>(type.ptr());
 }
 
-void PyTreeRegistry::OptInRelativeIdentities(nb::handle type) {
+nb::list PyTreeRegistry::OptInRelativeIdentities(nb::handle type) {
   PyTypeObject* cls = CheckType(type, "preserve_relative_identities");
   const Registration* custom = nullptr;
   if (IsBuiltinNodeType(type) ||
@@ -202,15 +202,21 @@ void PyTreeRegistry::OptInRelativeIdentities(nb::handle type) {
   if (!InheritsOptIn(cls)) {
     origin_->opted_in_bases_.push_back(nb::borrow(type));
   }
+  nb::list built_before;
   for (auto& [registered, registration] : registrations_) {
     if ((registration->kind == PyTreeKind::kCustom ||
          registration->kind == PyTreeKind::kDataclass) &&
         (registered == cls || !registration->declines_relative_identities) &&
         PyType_Check(reinterpret_cast<PyObject*>(registered)) &&
         PyType_IsSubtype(registered, cls)) {
+      if (!registration->preserve_relative_identities &&
+          registration->built_by_unflatten.load(std::memory_order_relaxed)) {
+        built_before.append(registration->type);
+      }
       registration->preserve_relative_identities = true;
     }
   }
+  return built_before;
 }
 
 bool PyTreeRegistry::HasRelativeIdentities(nb::handle type) const {

@@ -19,6 +19,31 @@ static nb::object TupleOf(nb::object* children, Py_ssize_t n) {
   return tuple;
 }
 
+// Marks the registrations of types that one unflatten builds at two places
+// or more, while they do not keep identities: where the tree held one object
+// there, the user now has two (a later opt-in cannot tie them again). Types
+// built once per tree (a library's wrappers) are not marked; a tree holds
+// few types, so the list stays short.
+class BuiltTwice {
+ public:
+  void Note(const PyTreeRegistry::Registration* registration) {
+    if (registration->preserve_relative_identities ||
+        registration->built_by_unflatten.load(std::memory_order_relaxed)) {
+      return;
+    }
+    for (const PyTreeRegistry::Registration* seen : seen_) {
+      if (seen == registration) {
+        registration->built_by_unflatten.store(true, std::memory_order_relaxed);
+        return;
+      }
+    }
+    seen_.push_back(registration);
+  }
+
+ private:
+  std::vector<const PyTreeRegistry::Registration*> seen_;
+};
+
 static nb::object MakeNode(const Node& node, nb::object* children) {
   switch (node.kind) {
     case PyTreeKind::kNone: return nb::none();
@@ -205,9 +230,11 @@ nb::object PyTreeDef::Unflatten(nb::iterable leaves) const {
   registry();  // Raises on a treedef emptied by the garbage collector.
   LeafReader reader(leaves, num_leaves(), /*with_counts=*/true);
   std::vector<nb::object> built;
+  BuiltTwice built_twice;
   nb::object tree = BuildBottomUp(
       traversal_, [&](size_t) { return reader.Next(); },
-      [](const Node& node, nb::object* children) {
+      [&](const Node& node, nb::object* children) {
+        if (node.custom != nullptr) built_twice.Note(node.custom);
         return MakeNode(node, children);
       },
       built);

@@ -224,3 +224,57 @@ def test_a_twin_named_for_pickling_pickles_treedefs_by_reference():
   restored = pickle.loads(pickle.dumps(treedef))
   assert restored == treedef
   assert not restored.has_shared_nodes
+
+
+@pytest.mark.parametrize("built_on", [0, 1])
+def test_an_opt_in_names_the_classes_built_at_two_places_before_it(built_on):
+  # Built at two places of one tree through either twin: named, once, by
+  # the call that opts it in. Built once per tree, flattened only, never
+  # seen, or already opted in: not named.
+  pair = twins()
+
+  class Base:
+    pass
+
+  class Twice(Base, Fresh):
+    pass
+
+  class OncePerTree(Base, Fresh):
+    pass
+
+  class OnlyFlattened(Base, Fresh):
+    pass
+
+  class Unseen(Base, Fresh):
+    pass
+
+  class AlreadyIn(Base, Fresh):
+    pass
+
+  @dataclasses.dataclass
+  class TwiceDataclass(Base):
+    x: int
+
+  for cls in (Twice, OncePerTree, OnlyFlattened, Unseen):
+    pair[0].register_node(cls, fresh_flatten, fresh_unflatten)
+  pair[0].register_node(
+      AlreadyIn,
+      fresh_flatten,
+      fresh_unflatten,
+      preserve_relative_identities=True,
+  )
+  pair[0].register_dataclass_node(TwiceDataclass, ["x"], [])
+  registry = pair[built_on]
+  for tree in (
+      [Twice(1), Twice(2)],
+      [AlreadyIn(3), AlreadyIn(4)],
+      (TwiceDataclass(5), [TwiceDataclass(6)]),
+      OncePerTree(7),
+      OncePerTree(8),
+  ):
+    leaves, treedef = registry.flatten(tree)
+    treedef.unflatten(leaves)
+  registry.flatten([OnlyFlattened(9), OnlyFlattened(10)])
+  named = pair[1 - built_on].preserve_relative_identities(Base)
+  assert sorted(named, key=lambda t: t.__name__) == [Twice, TwiceDataclass]
+  assert pair[0].preserve_relative_identities(Base) == []  # Already in.

@@ -6,6 +6,7 @@ Opting in cannot be undone, so every test makes its own class hierarchy.
 """
 
 import gc
+import warnings
 
 from absl.testing import absltest
 
@@ -155,7 +156,12 @@ class PreserveRelativeIdentitiesTest(jtu.JaxTestCase):
     self.assertAllClose(f(model), np.full(2, 2.0))
     self.assertLen(traces, 1)
 
-    tree_util.preserve_relative_identities(Module)
+    # Tracing f rebuilt the model with a Linear at each place: the opt-in
+    # says a tree that came out of such a call keeps them apart.
+    with self.assertWarnsRegex(
+        UserWarning, r"after JAX rebuilt trees that hold Linear at several"
+    ):
+      tree_util.preserve_relative_identities(Module)
 
     # The old treedef still describes two separate layers.
     rebuilt = jax.tree.unflatten(before, leaves)
@@ -171,6 +177,38 @@ class PreserveRelativeIdentitiesTest(jtu.JaxTestCase):
     self.assertLen(traces, 2)
     out = jax.jit(lambda m: m)(model)
     self.assertIs(out.first, out.second)
+
+  def test_an_opt_in_after_a_transformation_rebuilt_instances_says_so(self):
+    Module, Linear, Model = make_hierarchy()
+    layer = Linear(jnp.ones(2))
+    out = jax.jit(lambda m: m)(Model(layer, layer))
+    with warnings.catch_warnings(record=True) as told:
+      warnings.simplefilter("always")
+      tree_util.preserve_relative_identities(Module)
+    (told,) = told
+    self.assertIs(told.category, UserWarning)
+    self.assertEqual(told.filename, __file__)  # The line that opted in.
+    message = str(told.message)
+    self.assertIn("preserve_relative_identities(Module) comes after", message)
+    self.assertIn("hold Linear at several places", message)
+    self.assertIn("Opt the class in before making or transforming", message)
+    self.assertIsNot(out.first, out.second)  # As said: kept apart.
+    again = jax.jit(lambda m: m)(Model(layer, layer))
+    self.assertIs(again.first, again.second)  # Made again: one object.
+
+  def test_an_opt_in_before_any_tree_holds_two_instances_is_silent(self):
+    # Instances flattened, or rebuilt one per tree, or classes opted in
+    # before anything ran: nothing was kept apart, nothing is said.
+    for build in (
+        lambda Linear, Model: jax.tree.leaves(Model(Linear(1.0), Linear(1.0))),
+        lambda Linear, Model: jax.jit(lambda l: l)(Linear(jnp.ones(2))),
+        lambda Linear, Model: None,
+    ):
+      Module, Linear, Model = make_hierarchy()
+      build(Linear, Model)
+      with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tree_util.preserve_relative_identities(Module)
 
   def test_query_of_builtins_and_plain_classes(self):
     for cls in (tuple, list, dict, type(None), int, object):
