@@ -2,6 +2,7 @@
 // from_iterable_tree. All three run the traversal forwards, building each node
 // from its children, and build a shared node once.
 
+#include <array>
 #include <string>
 #include <utility>
 #include <vector>
@@ -22,8 +23,9 @@ static nb::object TupleOf(nb::object* children, Py_ssize_t n) {
 // Marks the registrations of types that one unflatten builds at two places
 // or more, while they do not keep identities: where the tree held one object
 // there, the user now has two (a later opt-in cannot tie them again). Types
-// built once per tree (a library's wrappers) are not marked; a tree holds
-// few types, so the list stays short.
+// built once per tree (a library's wrappers) are not marked. The types seen
+// once are kept inline, no allocation on jit's output path; past kCapacity
+// types, new ones go unseen (the mark only feeds a warning).
 class BuiltTwice {
  public:
   void Note(const PyTreeRegistry::Registration* registration) {
@@ -31,17 +33,19 @@ class BuiltTwice {
         registration->built_by_unflatten.load(std::memory_order_relaxed)) {
       return;
     }
-    for (const PyTreeRegistry::Registration* seen : seen_) {
-      if (seen == registration) {
+    for (size_t i = 0; i < size_; ++i) {
+      if (seen_[i] == registration) {
         registration->built_by_unflatten.store(true, std::memory_order_relaxed);
         return;
       }
     }
-    seen_.push_back(registration);
+    if (size_ < kCapacity) seen_[size_++] = registration;
   }
 
  private:
-  std::vector<const PyTreeRegistry::Registration*> seen_;
+  static constexpr size_t kCapacity = 16;
+  std::array<const PyTreeRegistry::Registration*, kCapacity> seen_;
+  size_t size_ = 0;
 };
 
 static nb::object MakeNode(const Node& node, nb::object* children) {
