@@ -5,7 +5,11 @@ and the query has_relative_identities.
 Opting in cannot be undone, so every test makes its own class hierarchy.
 """
 
+import ast
 import gc
+import subprocess
+import sys
+import textwrap
 import warnings
 
 from absl.testing import absltest
@@ -209,6 +213,44 @@ class PreserveRelativeIdentitiesTest(jtu.JaxTestCase):
       with warnings.catch_warnings():
         warnings.simplefilter("error")
         tree_util.preserve_relative_identities(Module)
+
+  def test_libraries_opted_in_after_import_or_after_a_transformation(self):
+    # In a fresh process, as a user's script: opting in Equinox's and Flax
+    # NNX's base classes right after importing them (and Optax) is silent,
+    # though the libraries build their own wrappers at import; opting in
+    # after eqx.filter_jit returned a model that held one layer twice
+    # names the layer's class, and the model stays two objects.
+    script = textwrap.dedent("""
+        import warnings
+        warnings.simplefilter("error")
+        import jax
+        import equinox as eqx
+        import optax
+        from flax import nnx
+        jax.tree_util.preserve_relative_identities(nnx.Pytree)
+        jax.tree_util.preserve_relative_identities(nnx.Variable)
+
+        class Pair(eqx.Module):
+          a: eqx.nn.Linear
+          b: eqx.nn.Linear
+
+        layer = eqx.nn.Linear(2, 2, key=jax.random.key(0))
+        model = eqx.filter_jit(lambda m: m)(Pair(layer, layer))
+        warnings.simplefilter("default")
+        with warnings.catch_warnings(record=True) as told:
+          jax.tree_util.preserve_relative_identities(eqx.Module)
+        print(repr(([str(w.message) for w in told], model.a is model.b)))
+    """)
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    (told,), tied = ast.literal_eval(done.stdout)
+    self.assertIn("preserve_relative_identities(Module) comes after", told)
+    self.assertIn("hold Linear at several places", told)
+    self.assertFalse(tied)
 
   def test_query_of_builtins_and_plain_classes(self):
     for cls in (tuple, list, dict, type(None), int, object):
