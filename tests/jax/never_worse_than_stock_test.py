@@ -192,7 +192,19 @@ class NeverWorseThanStockTest(jtu.JaxTestCase):
       solve = lambda mv, b: jax.tree.map(lambda v: v / 2.0, b)
       return lax.custom_linear_solve(matvec, (p, p), solve, solve)
 
-    self.assertSameValues(program)
+    # The solution is laid out as b, whose tie the solver's copies split:
+    # the call says so.
+    self.assertSameValues(program, splits=True)
+
+  def test_custom_root_whose_solver_returns_the_copies_of_a_tied_guess(self):
+    def program(cls, box):
+      p = cls(A)
+      f = lambda x: jax.tree.map(lambda v: v - 1.0, x)
+      return lax.custom_root(f, (p, p), lambda f, guess: guess, lambda g, y: y)
+
+    # Laid out as the guess, the solution is built by the guess's treedef,
+    # which remembers the tie the copies split: the call says so.
+    self.assertSameValues(program, splits=True)
 
   def test_gmres_and_bicgstab_with_one_node_as_two_operands(self):
     for solver in (gmres, bicgstab):
