@@ -369,7 +369,12 @@ void BindModuleFunctions(nb::module_& m) {
         nb::sig("def treedef_tuple(registry: PyTreeRegistry, arg0: "
                 "Sequence[PyTreeDef], /) -> PyTreeDef"));
   m.def(
-      "enter_stock_layout", [] { ++PyTreeRegistry::stock_layout_depth; },
+      "enter_stock_layout",
+      [] {
+        ++PyTreeRegistry::stock_layout_depth;
+        PyTreeRegistry::open_stock_layout_sections.fetch_add(
+            1, std::memory_order_relaxed);
+      },
       "Until the matching exit_stock_layout, every flatten on this thread "
       "lays trees out as stock does, whatever its registry, and "
       "flatten_up_to takes a shared tree as stock does. Sections nest.");
@@ -382,6 +387,8 @@ void BindModuleFunctions(nb::module_& m) {
               "this thread");
         }
         --PyTreeRegistry::stock_layout_depth;
+        PyTreeRegistry::open_stock_layout_sections.fetch_sub(
+            1, std::memory_order_relaxed);
       },
       "Ends the innermost stock-layout section of this thread.");
   m.def(

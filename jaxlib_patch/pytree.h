@@ -152,6 +152,12 @@ class PyTreeRegistry {
   // How many stock-layout sections this thread is in (module.cc's
   // enter_stock_layout and exit_stock_layout).
   static inline thread_local int stock_layout_depth = 0;
+  // How many stock-layout sections are open on all threads: read before
+  // stock_layout_depth where every call would pay for it (unflatten and ==
+  // of any treedef), since a thread-local variable of a shared library is
+  // read through a call to the TLS resolver. A thread in a section counts
+  // in it, so it never sees zero there.
+  static inline std::atomic<int> open_stock_layout_sections = 0;
   // How many times this thread unflattened or compared a treedef with
   // shared nodes inside a stock-layout section (module.cc's
   // tied_treedefs_met): a structure traced on a caller's tied trees, met
@@ -348,7 +354,9 @@ class PyTreeDef {
   // Counts this treedef in PyTreeRegistry::tied_treedefs_met if it has
   // shared nodes and the thread is in a stock-layout section.
   void NoteIfTiedInStockLayout() const {
-    if (PyTreeRegistry::stock_layout_depth > 0 && HasSharedNodes()) {
+    if (PyTreeRegistry::open_stock_layout_sections.load(
+            std::memory_order_relaxed) > 0 &&
+        PyTreeRegistry::stock_layout_depth > 0 && HasSharedNodes()) {
       ++PyTreeRegistry::tied_treedefs_met;
     }
   }
