@@ -88,6 +88,11 @@ class PyTreeRegistry {
     // Registered with preserve_relative_identities=False said in so many
     // words: the opt-in of a base class (before or after) passes it by.
     bool declines_relative_identities = false;
+    // Opted in because a proper base class was given to
+    // OptInRelativeIdentities, not by its own flag or by name: its author may
+    // have written it for stock's copies, so the first object of such a class
+    // met at two places is reported (ReportInheritedTie).
+    bool opted_in_by_a_base = false;
     // An unflatten built instances at two places of one tree before the
     // type kept identities: where they were one object, they are two now
     // (OptInRelativeIdentities reports it). Atomic: unflattens on several
@@ -181,6 +186,20 @@ class PyTreeRegistry {
   // them, or it or a base class was opted in by OptInRelativeIdentities.
   bool HasRelativeIdentities(nb::handle type) const;
 
+  // Whether no object of a class opted in by a base (Registration) has been
+  // reported met at two places yet: read per reference a flatten records,
+  // until one is.
+  bool inherited_tie_unreported() const {
+    return !origin_->inherited_tie_reported_.load(std::memory_order_relaxed);
+  }
+  // Hands the first such object, once per family of twins, to `registry`'s
+  // (this registry's Python object) `inherited_tie_observer` if it has one:
+  // observer(tree, node, base), the tree a flatten met it in twice and the
+  // base class whose opt-in reached its class. Whether the user is told, and
+  // how, is the observer's to say.
+  void ReportInheritedTie(nb::handle registry, nb::handle tree,
+                          nb::handle node) const;
+
   int Traverse(visitproc visit, void* arg) const;
 
  private:
@@ -191,6 +210,8 @@ class PyTreeRegistry {
   // Whether `type` derives from (or is) a class given to
   // OptInRelativeIdentities.
   bool InheritsOptIn(PyTypeObject* type) const;
+  // Whether `type` itself was given to OptInRelativeIdentities.
+  bool NamedForOptIn(PyTypeObject* type) const;
 
   bool enable_none_, enable_tuple_, enable_list_, enable_dict_;
   bool keeps_relative_identities_;
@@ -213,6 +234,9 @@ class PyTreeRegistry {
   // The origin's: the classes given to OptInRelativeIdentities, in call
   // order.
   std::vector<nb::object> opted_in_bases_;
+  // The origin's: set by the first ReportInheritedTie that found an
+  // observer. Atomic: flattens on several threads may meet a tie at once.
+  mutable std::atomic<bool> inherited_tie_reported_ = false;
   // Defined here, not in registry.cc: a definition the reader's unit sees is
   // read with one RIP-relative load, not through the GOT.
   static inline std::atomic<size_t> registration_epoch_{0};

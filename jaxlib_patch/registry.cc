@@ -63,6 +63,9 @@ void PyTreeRegistry::Insert(std::unique_ptr<Registration> registration,
   registration->preserve_relative_identities =
       preserve_relative_identities.value_or(registered_class &&
                                             InheritsOptIn(type));
+  registration->opted_in_by_a_base =
+      !preserve_relative_identities.has_value() &&
+      registration->preserve_relative_identities && !NamedForOptIn(type);
   if (const Registration* existing = Lookup(type)) {
     const char* what =
         registration->kind == PyTreeKind::kDataclass
@@ -159,6 +162,32 @@ bool PyTreeRegistry::InheritsOptIn(PyTypeObject* type) const {
   return false;
 }
 
+bool PyTreeRegistry::NamedForOptIn(PyTypeObject* type) const {
+  for (const nb::object& named : origin_->opted_in_bases_) {
+    if (named.ptr() == reinterpret_cast<PyObject*>(type)) return true;
+  }
+  return false;
+}
+
+void PyTreeRegistry::ReportInheritedTie(nb::handle registry, nb::handle tree,
+                                        nb::handle node) const {
+  nb::object observer =
+      nb::getattr(registry, "inherited_tie_observer", nb::none());
+  if (observer.is_none() || origin_->inherited_tie_reported_.exchange(true)) {
+    return;
+  }
+  PyTypeObject* type = Py_TYPE(node.ptr());
+  nb::object base = nb::none();
+  for (const nb::object& named : origin_->opted_in_bases_) {
+    if (named.ptr() != reinterpret_cast<PyObject*>(type) &&
+        PyType_IsSubtype(type, reinterpret_cast<PyTypeObject*>(named.ptr()))) {
+      base = named;
+      break;
+    }
+  }
+  observer(tree, node, base);
+}
+
 // A node of a builtin kind is never shared: its identity is not the user's.
 static bool IsBuiltinNodeType(nb::handle type) {
   return type.is(nb::handle(reinterpret_cast<PyObject*>(Py_TYPE(Py_None)))) ||
@@ -199,7 +228,9 @@ nb::list PyTreeRegistry::OptInRelativeIdentities(nb::handle type) {
               .c_str());
     }
   }
-  if (!InheritsOptIn(cls)) {
+  // Kept even where a base already opts it in: a class named is not one
+  // opted in by a base (Registration::opted_in_by_a_base).
+  if (!NamedForOptIn(cls)) {
     origin_->opted_in_bases_.push_back(nb::borrow(type));
   }
   nb::list built_before;
@@ -212,6 +243,11 @@ nb::list PyTreeRegistry::OptInRelativeIdentities(nb::handle type) {
       if (!registration->preserve_relative_identities &&
           registration->built_by_unflatten.load(std::memory_order_relaxed)) {
         built_before.append(registration->type);
+      }
+      if (registered == cls) {
+        registration->opted_in_by_a_base = false;
+      } else if (!registration->preserve_relative_identities) {
+        registration->opted_in_by_a_base = true;
       }
       registration->preserve_relative_identities = true;
     }

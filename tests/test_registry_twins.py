@@ -278,3 +278,89 @@ def test_an_opt_in_names_the_classes_built_at_two_places_before_it(built_on):
   named = pair[1 - built_on].preserve_relative_identities(Base)
   assert sorted(named, key=lambda t: t.__name__) == [Twice, TwiceDataclass]
   assert pair[0].preserve_relative_identities(Base) == []  # Already in.
+
+
+@pytest.mark.parametrize("registered", ["before the opt-in", "after it"])
+def test_the_first_tie_of_a_class_opted_in_by_a_base_is_reported_once(
+    registered,
+):
+  # Reported: an object met at two places by a flatten that keeps
+  # identities, of a class whose opt-in came from a base class; to the
+  # observer of the registry that flattened, with the tree and the base, once
+  # for the family. Not reported: a class with its own flag, or named itself
+  # (before or after its base), one place, or the stock-layout twin.
+  keeping, stock_layout = twins()
+
+  class Base:
+    pass
+
+  class ByBase(Base, Fresh):
+    pass
+
+  class OwnFlag(Base, Fresh):
+    pass
+
+  class NamedAfter(Base, Fresh):
+    pass
+
+  class NamedBefore(Base, Fresh):
+    pass
+
+  keeping.register_node(
+      OwnFlag, fresh_flatten, fresh_unflatten, preserve_relative_identities=True
+  )
+  keeping.register_node(NamedBefore, fresh_flatten, fresh_unflatten)
+  keeping.preserve_relative_identities(NamedBefore)
+  if registered == "after it":
+    keeping.preserve_relative_identities(Base)
+  for cls in (ByBase, NamedAfter):
+    keeping.register_node(cls, fresh_flatten, fresh_unflatten)
+  if registered == "before the opt-in":
+    keeping.preserve_relative_identities(Base)
+  keeping.preserve_relative_identities(NamedAfter)
+
+  reports = []
+  for registry in (keeping, stock_layout):
+    registry.inherited_tie_observer = lambda *report: reports.append(report)
+  for cls in (OwnFlag, NamedAfter, NamedBefore):
+    node = cls(1)
+    assert keeping.flatten([node, node])[1].has_shared_nodes
+  keeping.flatten([ByBase(2), ByBase(3)])
+  tied = ByBase(4)
+  stock_layout.flatten((tied, tied))
+  assert reports == []
+
+  tree = {"a": tied, "b": [tied]}
+  assert keeping.flatten(tree)[1].has_shared_nodes
+  assert reports == [(tree, tied, Base)]
+  keeping.flatten([tied, tied])
+  grandchild = stock_layout.twin(keeps_relative_identities=True)
+  grandchild.inherited_tie_observer = keeping.inherited_tie_observer
+  grandchild.flatten([tied, tied])
+  assert len(reports) == 1
+
+
+def test_an_inherited_tie_waits_for_an_observer_and_its_error_is_raised():
+  # Unobserved, a tie is not used up; an observer's exception (a warning
+  # made an error) is the flatten's, and the tie counts as told.
+  keeping, _ = twins()
+
+  class Base:
+    pass
+
+  class ByBase(Base, Fresh):
+    pass
+
+  keeping.register_node(ByBase, fresh_flatten, fresh_unflatten)
+  keeping.preserve_relative_identities(Base)
+  tied = ByBase(1)
+  keeping.flatten([tied, tied])
+
+  def refuse(tree, node, base):
+    raise UserWarning(f"{type(node).__name__} tied through {base.__name__}")
+
+  keeping.inherited_tie_observer = refuse
+  with pytest.raises(UserWarning, match="ByBase tied through Base"):
+    keeping.flatten([tied, tied])
+  leaves, treedef = keeping.flatten([tied, tied])
+  assert leaves == [1] and treedef.has_shared_nodes
