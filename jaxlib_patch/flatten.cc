@@ -237,9 +237,11 @@ class Flattener {
         const IdentityScope::Entry entry = scope->Enter(obj);
         if (!entry.first) {
           AddReference(obj, scope->IndexAt(entry.slot));
-          if (node.custom->opted_in_by_a_base && !inherited_tie_.is_valid() &&
-              registry_.inherited_tie_unreported()) {
+          const PyTreeRegistry::OptedInBase* base = node.custom->opted_in_by;
+          if (base != nullptr && !inherited_tie_.is_valid() &&
+              !base->tie_reported.load(std::memory_order_relaxed)) {
             inherited_tie_ = nb::borrow(obj);
+            inherited_tie_registration_ = node.custom;
           }
           return;
         }
@@ -280,8 +282,12 @@ class Flattener {
   }
 
   // The first object of a class opted in by a base that this flatten met at
-  // a second place, while none had been reported (ReportInheritedTie).
+  // a second place, while none of that base's had been reported, and its
+  // class's registration (PyTreeRegistry::ReportInheritedTie).
   const nb::object& inherited_tie() const { return inherited_tie_; }
+  const PyTreeRegistry::Registration& inherited_tie_registration() const {
+    return *inherited_tie_registration_;
+  }
 
  private:
   // The children of each kind of node, flattened in order into the
@@ -454,7 +460,8 @@ class Flattener {
   IdentityScopeLease scope_;         // Taken at the first opted-in node.
   const uintptr_t stack_limit_ = RecursionGuard::StackLimit();
   Repeats repeats_ = Repeats::kUnread;  // See RepeatsNow.
-  nb::object inherited_tie_;  // See inherited_tie().
+  nb::object inherited_tie_;            // See inherited_tie().
+  const PyTreeRegistry::Registration* inherited_tie_registration_ = nullptr;
   // The type of the last leaf that took the whole way (see Flatten); the
   // registry's registrations are not expected to change mid-flatten.
   PyTypeObject* last_leaf_type_ = nullptr;
@@ -482,7 +489,9 @@ PyTreeDef PyTreeDef::FlattenUnwrapped(
   flattener.Flatten(tree);
   leaves = collector.TakeList();
   if (flattener.inherited_tie().is_valid()) {
-    registry_ptr->ReportInheritedTie(registry, tree, flattener.inherited_tie());
+    PyTreeRegistry::ReportInheritedTie(registry, tree,
+                                       flattener.inherited_tie(),
+                                       flattener.inherited_tie_registration());
   }
   return treedef;
 }

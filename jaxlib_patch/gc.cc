@@ -98,7 +98,7 @@ int PyTreeRegistry::Traverse(visitproc visit, void* arg) const {
     Py_VISIT(registration->from_iterable.ptr());
     Py_VISIT(registration->to_iterable_with_keys.ptr());
   }
-  for (const nb::object& base : opted_in_bases_) Py_VISIT(base.ptr());
+  for (const auto& base : opted_in_bases_) Py_VISIT(base->type.ptr());
   return 0;
 }
 

@@ -72,6 +72,15 @@ struct PointerHash {
 
 class PyTreeRegistry {
  public:
+  // A class given to OptInRelativeIdentities.
+  struct OptedInBase {
+    nb::object type;
+    // Whether the first object met at two places of a class this base opted
+    // in has been reported (ReportInheritedTie). Atomic: flattens on several
+    // threads may meet one at once.
+    mutable std::atomic<bool> tie_reported = false;
+  };
+
   struct Registration {
     PyTreeKind kind;
     nb::object type;
@@ -88,11 +97,11 @@ class PyTreeRegistry {
     // Registered with preserve_relative_identities=False said in so many
     // words: the opt-in of a base class (before or after) passes it by.
     bool declines_relative_identities = false;
-    // Opted in because a proper base class was given to
-    // OptInRelativeIdentities, not by its own flag or by name: its author may
-    // have written it for stock's copies, so the first object of such a class
-    // met at two places is reported (ReportInheritedTie).
-    bool opted_in_by_a_base = false;
+    // The proper base class whose opt-in reached this class, null where it
+    // was opted in by its own flag or by name (or not at all): its author
+    // may have written it for stock's copies, so the first object met at two
+    // places of a class a base opted in is reported (ReportInheritedTie).
+    const OptedInBase* opted_in_by = nullptr;
     // An unflatten built instances at two places of one tree before the
     // type kept identities: where they were one object, they are two now
     // (OptInRelativeIdentities reports it). Atomic: unflattens on several
@@ -186,19 +195,15 @@ class PyTreeRegistry {
   // them, or it or a base class was opted in by OptInRelativeIdentities.
   bool HasRelativeIdentities(nb::handle type) const;
 
-  // Whether no object of a class opted in by a base (Registration) has been
-  // reported met at two places yet: read per reference a flatten records,
-  // until one is.
-  bool inherited_tie_unreported() const {
-    return !origin_->inherited_tie_reported_.load(std::memory_order_relaxed);
-  }
-  // Hands the first such object, once per family of twins, to `registry`'s
-  // (this registry's Python object) `inherited_tie_observer` if it has one:
-  // observer(tree, node, base), the tree a flatten met it in twice and the
-  // base class whose opt-in reached its class. Whether the user is told, and
-  // how, is the observer's to say.
-  void ReportInheritedTie(nb::handle registry, nb::handle tree,
-                          nb::handle node) const;
+  // Hands `node`, of a class opted in by a base (Registration::opted_in_by)
+  // that a flatten of `tree` met at two places, to `registry`'s (this
+  // registry's Python object) `inherited_tie_observer`, if it has one and
+  // no object of that base's classes was reported before:
+  // observer(tree, node, base). Whether and how the user is told is the
+  // observer's to say.
+  static void ReportInheritedTie(nb::handle registry, nb::handle tree,
+                                 nb::handle node,
+                                 const Registration& registration);
 
   int Traverse(visitproc visit, void* arg) const;
 
@@ -210,8 +215,11 @@ class PyTreeRegistry {
   // Whether `type` derives from (or is) a class given to
   // OptInRelativeIdentities.
   bool InheritsOptIn(PyTypeObject* type) const;
-  // Whether `type` itself was given to OptInRelativeIdentities.
-  bool NamedForOptIn(PyTypeObject* type) const;
+  // The entry of `type` itself in opted_in_bases_, or null.
+  const OptedInBase* NamedForOptIn(PyTypeObject* type) const;
+  // The first entry of opted_in_bases_ that is a proper base of `type`, or
+  // null.
+  const OptedInBase* OptedInProperBase(PyTypeObject* type) const;
 
   bool enable_none_, enable_tuple_, enable_list_, enable_dict_;
   bool keeps_relative_identities_;
@@ -232,11 +240,8 @@ class PyTreeRegistry {
   // of the registry it is made on, as stock's does, not the origin's.
   std::unordered_map<PyTypeObject*, Registration*, PointerHash> registrations_;
   // The origin's: the classes given to OptInRelativeIdentities, in call
-  // order.
-  std::vector<nb::object> opted_in_bases_;
-  // The origin's: set by the first ReportInheritedTie that found an
-  // observer. Atomic: flattens on several threads may meet a tie at once.
-  mutable std::atomic<bool> inherited_tie_reported_ = false;
+  // order; never removed, so registrations may point at them.
+  std::vector<std::unique_ptr<OptedInBase>> opted_in_bases_;
   // Defined here, not in registry.cc: a definition the reader's unit sees is
   // read with one RIP-relative load, not through the GOT.
   static inline std::atomic<size_t> registration_epoch_{0};

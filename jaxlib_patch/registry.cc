@@ -1,6 +1,7 @@
 // PyTreeRegistry: which types are nodes and how they flatten.
 
 #include <algorithm>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -63,9 +64,10 @@ void PyTreeRegistry::Insert(std::unique_ptr<Registration> registration,
   registration->preserve_relative_identities =
       preserve_relative_identities.value_or(registered_class &&
                                             InheritsOptIn(type));
-  registration->opted_in_by_a_base =
-      !preserve_relative_identities.has_value() &&
-      registration->preserve_relative_identities && !NamedForOptIn(type);
+  if (!preserve_relative_identities.has_value() &&
+      registration->preserve_relative_identities && !NamedForOptIn(type)) {
+    registration->opted_in_by = OptedInProperBase(type);
+  }
   if (const Registration* existing = Lookup(type)) {
     const char* what =
         registration->kind == PyTreeKind::kDataclass
@@ -154,38 +156,45 @@ bool PyTreeRegistry::IsNode(nb::handle type) const {
 
 bool PyTreeRegistry::InheritsOptIn(PyTypeObject* type) const {
   if (!PyType_Check(reinterpret_cast<PyObject*>(type))) return false;
-  for (const nb::object& base : origin_->opted_in_bases_) {
-    if (PyType_IsSubtype(type, reinterpret_cast<PyTypeObject*>(base.ptr()))) {
+  for (const auto& base : origin_->opted_in_bases_) {
+    if (PyType_IsSubtype(type,
+                         reinterpret_cast<PyTypeObject*>(base->type.ptr()))) {
       return true;
     }
   }
   return false;
 }
 
-bool PyTreeRegistry::NamedForOptIn(PyTypeObject* type) const {
-  for (const nb::object& named : origin_->opted_in_bases_) {
-    if (named.ptr() == reinterpret_cast<PyObject*>(type)) return true;
+const PyTreeRegistry::OptedInBase* PyTreeRegistry::NamedForOptIn(
+    PyTypeObject* type) const {
+  for (const auto& named : origin_->opted_in_bases_) {
+    if (named->type.ptr() == reinterpret_cast<PyObject*>(type)) {
+      return named.get();
+    }
   }
-  return false;
+  return nullptr;
+}
+
+const PyTreeRegistry::OptedInBase* PyTreeRegistry::OptedInProperBase(
+    PyTypeObject* type) const {
+  for (const auto& base : origin_->opted_in_bases_) {
+    if (base->type.ptr() != reinterpret_cast<PyObject*>(type) &&
+        PyType_IsSubtype(type,
+                         reinterpret_cast<PyTypeObject*>(base->type.ptr()))) {
+      return base.get();
+    }
+  }
+  return nullptr;
 }
 
 void PyTreeRegistry::ReportInheritedTie(nb::handle registry, nb::handle tree,
-                                        nb::handle node) const {
+                                        nb::handle node,
+                                        const Registration& registration) {
   nb::object observer =
       nb::getattr(registry, "inherited_tie_observer", nb::none());
-  if (observer.is_none() || origin_->inherited_tie_reported_.exchange(true)) {
-    return;
-  }
-  PyTypeObject* type = Py_TYPE(node.ptr());
-  nb::object base = nb::none();
-  for (const nb::object& named : origin_->opted_in_bases_) {
-    if (named.ptr() != reinterpret_cast<PyObject*>(type) &&
-        PyType_IsSubtype(type, reinterpret_cast<PyTypeObject*>(named.ptr()))) {
-      base = named;
-      break;
-    }
-  }
-  observer(tree, node, base);
+  const OptedInBase* base = registration.opted_in_by;
+  if (observer.is_none() || base->tie_reported.exchange(true)) return;
+  observer(tree, node, base->type);
 }
 
 // A node of a builtin kind is never shared: its identity is not the user's.
@@ -229,9 +238,12 @@ nb::list PyTreeRegistry::OptInRelativeIdentities(nb::handle type) {
     }
   }
   // Kept even where a base already opts it in: a class named is not one
-  // opted in by a base (Registration::opted_in_by_a_base).
-  if (!NamedForOptIn(cls)) {
-    origin_->opted_in_bases_.push_back(nb::borrow(type));
+  // opted in by a base (Registration::opted_in_by).
+  const OptedInBase* named = NamedForOptIn(cls);
+  if (named == nullptr) {
+    auto entry = std::make_unique<OptedInBase>();
+    entry->type = nb::borrow(type);
+    named = origin_->opted_in_bases_.emplace_back(std::move(entry)).get();
   }
   nb::list built_before;
   for (auto& [registered, registration] : registrations_) {
@@ -245,9 +257,9 @@ nb::list PyTreeRegistry::OptInRelativeIdentities(nb::handle type) {
         built_before.append(registration->type);
       }
       if (registered == cls) {
-        registration->opted_in_by_a_base = false;
+        registration->opted_in_by = nullptr;
       } else if (!registration->preserve_relative_identities) {
-        registration->opted_in_by_a_base = true;
+        registration->opted_in_by = named;
       }
       registration->preserve_relative_identities = true;
     }

@@ -287,8 +287,9 @@ def test_the_first_tie_of_a_class_opted_in_by_a_base_is_reported_once(
   # Reported: an object met at two places by a flatten that keeps
   # identities, of a class whose opt-in came from a base class; to the
   # observer of the registry that flattened, with the tree and the base, once
-  # for the family. Not reported: a class with its own flag, or named itself
-  # (before or after its base), one place, or the stock-layout twin.
+  # per base for the family. Not reported: a class with its own flag, or
+  # named itself (before or after its base), one place, or the stock-layout
+  # twin.
   keeping, stock_layout = twins()
 
   class Base:
@@ -306,6 +307,14 @@ def test_the_first_tie_of_a_class_opted_in_by_a_base_is_reported_once(
   class NamedBefore(Base, Fresh):
     pass
 
+  class OtherBase:
+    pass
+
+  class ByOtherBase(OtherBase, Fresh):
+    pass
+
+  keeping.register_node(ByOtherBase, fresh_flatten, fresh_unflatten)
+  keeping.preserve_relative_identities(OtherBase)
   keeping.register_node(
       OwnFlag, fresh_flatten, fresh_unflatten, preserve_relative_identities=True
   )
@@ -338,6 +347,11 @@ def test_the_first_tie_of_a_class_opted_in_by_a_base_is_reported_once(
   grandchild.inherited_tie_observer = keeping.inherited_tie_observer
   grandchild.flatten([tied, tied])
   assert len(reports) == 1
+  other = ByOtherBase(5)
+  grandchild.flatten([other, other, tied])
+  assert reports[1:] == [([other, other, tied], other, OtherBase)]
+  keeping.flatten([other, other])
+  assert len(reports) == 2
 
 
 def test_an_inherited_tie_waits_for_an_observer_and_its_error_is_raised():

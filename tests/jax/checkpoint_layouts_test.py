@@ -36,6 +36,7 @@ import equinox as eqx
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+import pytest
 from jax import tree_util
 from jax._src import test_util as jtu
 from jax.experimental import leaf_files
@@ -46,6 +47,13 @@ import stock_reference
 tree_util.preserve_relative_identities(eqx.Module)
 
 import checkpoint_layouts as layouts  # noqa: E402
+
+# The ties these tests make are meant: TiedByOptInWarning, which tells
+# the first object a library's opted-in base class ties (tied_by_opt_in_test),
+# is acknowledged as a user who means them would.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::jax.tree_util.TiedByOptInWarning"
+)
 
 LOADS = "loads"  # every field gets the table written from it
 SHIFTED = "shifted"  # no error, and a table in the wrong field

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+import pytest
 from absl.testing import absltest
 from absl.testing import parameterized
 from jax import tree_util
@@ -30,6 +31,13 @@ from jax._src import test_util as jtu
 tree_util.preserve_relative_identities(eqx.Module)
 
 import equinox_tied_lm  # noqa: E402
+
+# The ties these tests make are meant: TiedByOptInWarning, which tells
+# the first object a library's opted-in base class ties (tied_by_opt_in_test),
+# is acknowledged as a user who means them would.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::jax.tree_util.TiedByOptInWarning"
+)
 
 
 @tree_util.register_dataclass(preserve_relative_identities=True)

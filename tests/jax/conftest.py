@@ -23,6 +23,11 @@ def pytest_configure(config):
   config.addinivalue_line(
       "filterwarnings", "error::jax.tree_util.SplitTieWarning"
   )
+  # Likewise a tie that opting in a library's base class makes of objects
+  # code meant as copies: a test that means its ties acknowledges them.
+  config.addinivalue_line(
+      "filterwarnings", "error::jax.tree_util.TiedByOptInWarning"
+  )
 
 
 @pytest.fixture(autouse=True)

@@ -15,6 +15,7 @@ from absl.testing import absltest
 import equinox as eqx
 import jax
 import numpy as np
+import pytest
 from jax._src import test_util as jtu
 
 import stock_reference
@@ -22,6 +23,13 @@ import stock_reference
 jax.tree_util.preserve_relative_identities(eqx.Module)
 
 import equinox_shared_docstring as docstring  # noqa: E402
+
+# The ties these tests make are meant: TiedByOptInWarning, which tells
+# the first object a library's opted-in base class ties (tied_by_opt_in_test),
+# is acknowledged as a user who means them would.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::jax.tree_util.TiedByOptInWarning"
+)
 
 
 class IndependentCopiesTest(stock_reference.StockReferenceTestCase):

@@ -18,6 +18,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax._src import test_util as jtu
 
 import stock_reference
@@ -25,6 +26,13 @@ import stock_reference
 jax.tree_util.preserve_relative_identities(eqx.Module)
 
 import equinox_tied_lm as lm  # noqa: E402  (defines its modules after the opt-in)
+
+# The ties these tests make are meant: TiedByOptInWarning, which tells
+# the first object a library's opted-in base class ties (tied_by_opt_in_test),
+# is acknowledged as a user who means them would.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::jax.tree_util.TiedByOptInWarning"
+)
 
 
 def _serialised_size(tree):

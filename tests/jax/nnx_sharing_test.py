@@ -14,6 +14,7 @@ would do it: once, after importing Flax.
 from absl.testing import absltest
 
 import jax
+import pytest
 from flax import nnx
 from jax._src import test_util as jtu
 
@@ -23,6 +24,13 @@ jax.tree_util.preserve_relative_identities(nnx.Pytree)
 jax.tree_util.preserve_relative_identities(nnx.Variable)
 
 import nnx_shared_linear as shared_linear  # noqa: E402
+
+# The ties these tests make are meant: TiedByOptInWarning, which tells
+# the first object a library's opted-in base class ties (tied_by_opt_in_test),
+# is acknowledged as a user who means them would.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::jax.tree_util.TiedByOptInWarning"
+)
 
 
 class NnxSharingTest(stock_reference.StockReferenceTestCase):

@@ -20,6 +20,7 @@ from flax import nnx
 from jax import tree_util
 from jax._src import test_util as jtu
 import orbax.checkpoint as ocp
+import pytest
 
 tree_util.preserve_relative_identities(eqx.Module)
 tree_util.preserve_relative_identities(nnx.Pytree)
@@ -27,6 +28,13 @@ tree_util.preserve_relative_identities(nnx.Variable)
 
 import equinox_tied_lm  # noqa: E402
 import nnx_shared_linear  # noqa: E402
+
+# The ties these tests make are meant: TiedByOptInWarning, which tells
+# the first object a library's opted-in base class ties (tied_by_opt_in_test),
+# is acknowledged as a user who means them would.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::jax.tree_util.TiedByOptInWarning"
+)
 
 WIDTH = 128
 COPIES = 20

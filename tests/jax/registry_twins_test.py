@@ -24,11 +24,19 @@ import flax.nnx as nnx
 import jax
 import jax.numpy as jnp
 import optax
+import pytest
 from jax import tree_util
 from jax._src import test_util as jtu
 from jax._src import tree_util as internal_tree_util
 from jax._src.state.types import TransformedRef
 from jax.sharding import PartitionSpec
+
+# The ties these tests make are meant: TiedByOptInWarning, which tells
+# the first object a library's opted-in base class ties (tied_by_opt_in_test),
+# is acknowledged as a user who means them would.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::jax.tree_util.TiedByOptInWarning"
+)
 
 TWINS = {
     name: (

@@ -44,6 +44,7 @@ OPT_IN_API = frozenset(
         "jax.tree_util.tree_unshare",
         "jax.tree_util.SplitTieError",
         "jax.tree_util.SplitTieWarning",
+        "jax.tree_util.TiedByOptInWarning",
     }
 )
 

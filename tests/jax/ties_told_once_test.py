@@ -21,12 +21,20 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax import lax
 from jax import tree_util
 from jax._src import test_util as jtu
 from jax.flatten_util import ravel_pytree
 
 from shared_nodes import Param
+
+# The ties these tests make are meant: TiedByOptInWarning, which tells
+# the first object a library's opted-in base class ties (tied_by_opt_in_test),
+# is acknowledged as a user who means them would.
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::jax.tree_util.TiedByOptInWarning"
+)
 
 tree_util.preserve_relative_identities(eqx.Module)
 

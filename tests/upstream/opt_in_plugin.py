@@ -3,8 +3,10 @@
 ``JAXLIB_PATCH_OPT_IN`` names the library whose suite runs: ``equinox`` opts
 in ``eqx.Module``, ``nnx`` opts in Flax's ``nnx.Pytree`` and ``nnx.Variable``
 (every module, optimizer, ``Rngs`` and variable), with
-``jax.tree_util.preserve_relative_identities``. Unset or empty, the plugin
-does nothing, so one command line serves stock jax and the custom wheels.
+``jax.tree_util.preserve_relative_identities``, and acknowledges the ties
+that makes (``TiedByOptInWarning`` is ignored, as by a user who means them).
+Unset or empty, the plugin does nothing, so one command line serves stock
+jax and the custom wheels.
 
 Load it with ``-p opt_in_plugin`` and this folder on ``PYTHONPATH``. The
 opt-in happens in ``pytest_configure``, before collection imports the test
@@ -72,6 +74,12 @@ def pytest_configure(config):
     tree_util.preserve_relative_identities(cls)
     bases.append(cls)
   _bases = tuple(bases)
+  # The suite opts in knowingly, as a user who means the ties its tests
+  # make: the warning that tells the first one (under the suites'
+  # warnings-as-errors) is acknowledged.
+  config.addinivalue_line(
+      "filterwarnings", "ignore::jax.tree_util.TiedByOptInWarning"
+  )
 
 
 def pytest_report_header(config):

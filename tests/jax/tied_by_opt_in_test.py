@@ -1,0 +1,136 @@
+"""Opting in a library's base class is told where it changes code written
+for stock JAX: the first object of a class that the opt-in reached through
+its base, met at two places of a tree, gives one `TiedByOptInWarning` at the
+user's line, naming the places, the base class and the fix (a copy, or
+`tree_unshare`), whichever JAX function meets it first. The model of
+`eqx.nn.Shared`'s docstring, which holds one `eqx.nn.Linear` at two places
+and means two layers, is the case that needs it (issue 44).
+
+Not told: a model without repeated objects, the same model with a copy at
+the second place, classes registered with the flag or opted in by name, and
+subclasses of the user's own base class.
+
+Each case runs in a fresh process, as a user's script: the warning is given
+once per base class in a process.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from absl.testing import absltest
+from absl.testing import parameterized
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+# The user's script: argv[1] names the JAX function that meets the tie
+# first; it prints the warnings it got as JSON.
+SCRIPT = textwrap.dedent("""
+    import copy, dataclasses, json, sys, warnings
+    sys.path.insert(0, {here!r})
+    import jax
+    import jax.numpy as jnp
+    import equinox as eqx
+    jax.tree_util.preserve_relative_identities(eqx.Module)
+    import equinox_shared_docstring as docstring
+
+    def loss(model):
+      return docstring.loss(model, jnp.ones((2, docstring.WIDTH)))
+
+    MEETS_THE_TIE = {{
+        "docstring training": lambda m: docstring.train(m),
+        "jax.tree.map": lambda m: jax.tree.map(lambda x: x, m),
+        "jax.jit": lambda m: jax.jit(loss)(m),
+        "jax.grad": lambda m: jax.grad(loss)(m),
+        "eqx.filter_jit": lambda m: eqx.filter_jit(loss)(m),
+    }}
+
+    class UsersBase:
+      pass
+
+    @jax.tree_util.register_dataclass
+    @dataclasses.dataclass
+    class UsersLayer(UsersBase):
+      w: jax.Array
+
+    @dataclasses.dataclass
+    class Flagged:
+      w: jax.Array
+
+    jax.tree_util.preserve_relative_identities(UsersBase)
+    jax.tree_util.register_dataclass(Flagged, preserve_relative_identities=True)
+
+    class Named(eqx.Module):
+      w: jax.Array
+
+    jax.tree_util.preserve_relative_identities(Named)
+
+    with warnings.catch_warnings(record=True) as told:
+      warnings.simplefilter("always")
+      key = jax.random.key(0)
+      # Not told: no repeated object, a copy, the user's own base, the flag,
+      # a class opted in by name.
+      jax.jit(loss)(docstring.Model(key, copy_linear=True))
+      users, flagged = UsersLayer(jnp.ones(2)), Flagged(jnp.ones(2))
+      named = Named(jnp.ones(2))
+      jax.tree.map(lambda x: x, [users, users, flagged, flagged, named, named])
+      MEETS_THE_TIE[sys.argv[1]](docstring.Model(key))
+      MEETS_THE_TIE[sys.argv[1]](docstring.Model(key))
+    print(json.dumps([
+        (w.category.__name__, str(w.message), w.filename, w.lineno)
+        for w in told
+    ]))
+""")
+
+
+class TiedByOptInTest(parameterized.TestCase):
+
+  def run_script(self, meets_the_tie):
+    source = SCRIPT.format(here=HERE)
+    # The user's line that called JAX: the lambda's.
+    line = next(
+        number
+        for number, text in enumerate(source.splitlines(), 1)
+        if text.lstrip().startswith(f'"{meets_the_tie}":')
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", source, meets_the_tie],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(done.stdout), line
+
+  @parameterized.parameters(
+      "docstring training",
+      "jax.tree.map",
+      "jax.jit",
+      "jax.grad",
+      "eqx.filter_jit",
+  )
+  def test_told_once_at_the_users_line_naming_places_base_and_fix(
+      self, meets_the_tie
+  ):
+    told, line = self.run_script(meets_the_tie)
+    self.assertLen(told, 1, told)
+    category, message, filename, lineno = told[0]
+    self.assertEqual(category, "TiedByOptInWarning")
+    self.assertIn("The Linear at ", message)
+    self.assertIn(".linear and ", message)
+    self.assertIn(".submodel.linear is one object", message)
+    self.assertIn("preserve_relative_identities(equinox.Module)", message)
+    self.assertIn("copy.copy", message)
+    self.assertIn("jax.tree_util.tree_unshare", message)
+    if meets_the_tie == "docstring training":
+      # The first JAX call of the training loop, in the user's file.
+      self.assertEqual(
+          os.path.basename(filename), "equinox_shared_docstring.py"
+      )
+    else:
+      self.assertEqual((filename, lineno), ("<string>", line))
+
+
+if __name__ == "__main__":
+  absltest.main()
