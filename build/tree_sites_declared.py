@@ -193,16 +193,6 @@ SITES = {
         "tree_util.FlatTree.flatten_static_argnums_argnames"
         "[identity_tracing_registry]",
     ): (SHARING, _CALL + ", traced"),
-    (
-        "lax.control_flow.solves",
-        "_shares",
-        "identity_tracing_registry.flatten",
-    ): (
-        SHARING,
-        "asks only whether custom_root's guess (custom_linear_solve's b) "
-        "shares, so that a solution laid out as it is built by its "
-        "treedef, which remembers the tie, and a split of it is told",
-    ),
     ("pjit", "with_sharding_constraint", "identity_default_registry.flatten"): (
         SHARING,
         "with_sharding_constraint's tree: a shared node is one value, which "

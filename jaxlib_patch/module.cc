@@ -259,6 +259,13 @@ void DefSharingQueries(nb::class_<PyTreeDef>& cls) {
                    "Whether some reference's target lies outside this "
                    "treedef (a child cut out of a larger one); such a "
                    "treedef cannot be unflattened on its own.")
+      .def_prop_ro("has_written_out_ties", &PyTreeDef::HasWrittenOutTies,
+                   "Whether a flatten by a registry that writes shared nodes "
+                   "out (keeps_relative_identities false), outside a "
+                   "stock-layout section, met an opted-in object at several "
+                   "places of this tree: the ties its unflatten reports to "
+                   "the registry's tie_split_observer. Not part of the "
+                   "structure (==, hash and pickling ignore it).")
       .def_prop_ro("is_reference", &PyTreeDef::IsReference,
                    "Whether the root is a reference to a shared node; its "
                    "node_data() is then (type, SharedReference(distance)).")

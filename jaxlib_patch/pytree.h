@@ -392,6 +392,10 @@ class PyTreeDef {
   // Some reference's target lies before this treedef's first node (it was
   // cut out of a larger treedef).
   bool HasExternalReferences() const;
+  // Whether this treedef remembers places that were one opted-in object,
+  // written out at each (the ties its unflatten reports; see
+  // written_out_ties_).
+  bool HasWrittenOutTies() const { return !written_out_ties_.empty(); }
   // The root is a reference.
   bool IsReference() const;
   // {reference index: target index}, traversal indices counted from this

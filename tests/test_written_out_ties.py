@@ -99,6 +99,7 @@ def test_unflatten_builds_as_stock_and_reports_every_later_place(tree, data):
         nodes.Leaf() if data.draw(st.booleans(), label=f"new {k}") else leaf
         for k, leaf in enumerate(leaves)
     ]
+    assert treedef.has_written_out_ties == bool(ties(tree))
     rebuilt, split = unflatten_observed(treedef, new_leaves)
     assert ties(rebuilt) == set()
     assert WRITING_OUT.flatten(rebuilt)[0] == new_leaves
@@ -132,13 +133,15 @@ def test_a_keeping_registry_and_a_stock_layout_section_record_nothing():
   shared = nodes.PNode("p", [nodes.Leaf()])
   pair = [shared, shared]
   _, keeping = KEEPING.flatten(pair)
-  assert keeping.has_shared_nodes
+  assert keeping.has_shared_nodes and not keeping.has_written_out_ties
   pt.enter_stock_layout()
   try:
     leaves, inside = WRITING_OUT.flatten(pair)
   finally:
     pt.exit_stock_layout()
   # Custom rules get copies on purpose: nothing is reported.
+  assert not inside.has_written_out_ties
+  assert WRITING_OUT.flatten(pair)[1].has_written_out_ties
   rebuilt, split = unflatten_observed(inside, leaves)
   assert rebuilt[0] is not rebuilt[1] and split == []
 
