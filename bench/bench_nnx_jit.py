@@ -36,6 +36,7 @@ import platform
 import statistics
 import sys
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -46,6 +47,8 @@ from machine import cpu_model  # noqa: E402
 
 jax.tree_util.preserve_relative_identities(nnx.Pytree)
 jax.tree_util.preserve_relative_identities(nnx.Variable)
+# The models' ties are meant: acknowledged, as their user would.
+warnings.filterwarnings("ignore", category=jax.tree_util.TiedByOptInWarning)
 
 LAYERS = 100
 

@@ -7,6 +7,7 @@ the state it returns into the next call, as a training loop does.
 
 import pathlib
 import sys
+import warnings
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEEP_LAYERS = 100
@@ -145,6 +146,7 @@ def nnx_cells(side):
   if side == "patched":
     jax.tree_util.preserve_relative_identities(nnx.Pytree)
     jax.tree_util.preserve_relative_identities(nnx.Variable)
+    acknowledge_ties(jax)
   Deep, Pairs = nnx_models()
   steps = nnx_steps(side)
   inputs = {
@@ -162,6 +164,12 @@ def nnx_cells(side):
   return cells
 
 
+def acknowledge_ties(jax):
+  """The models' ties are meant: the warning that tells the first tie an
+  opted-in library class makes is acknowledged, as their user would."""
+  warnings.filterwarnings("ignore", category=jax.tree_util.TiedByOptInWarning)
+
+
 def equinox_cells(side):
   """{(cell, pattern): call} of the Equinox steps: eqx.nn.Shared, and on
   the patched side the opt-in."""
@@ -171,6 +179,7 @@ def equinox_cells(side):
 
   if side == "patched":
     jax.tree_util.preserve_relative_identities(eqx.Module)
+    acknowledge_ties(jax)
   sys.path.insert(0, str(ROOT / "tests" / "jax"))
   import equinox_tied_lm as lm
 

@@ -443,6 +443,8 @@ def check_tied_lm(jax, args, timings):
         per_call(tied_lm_step(eqx, jax, lm, lm.SharedLM), args),
     )
   jax.tree_util.preserve_relative_identities(eqx.Module)
+  # The tie of TiedLM is meant: acknowledged, as its user would.
+  warnings.filterwarnings("ignore", category=jax.tree_util.TiedByOptInWarning)
   for size, sizes in lm_sizes(args, lm, defaults):
     resize(sizes)
     value, grads = loss_and_grads(lm.TiedLM(jax.random.key(0)))

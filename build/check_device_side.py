@@ -17,6 +17,7 @@ import importlib.metadata
 import inspect
 import pathlib
 import sys
+import warnings
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path[:0] = [
@@ -78,6 +79,10 @@ def tied_step_seconds(args):
 
   if can_opt_in():
     jax.tree_util.preserve_relative_identities(eqx.Module)
+    # The tie of TiedLM is meant: acknowledged, as its user would.
+    warnings.filterwarnings(
+        "ignore", category=jax.tree_util.TiedByOptInWarning
+    )
     model, how = lm.TiedLM, "tied by identity"
   else:
     model, how = lm.SharedLM, "eqx.nn.Shared"
