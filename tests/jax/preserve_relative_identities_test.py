@@ -21,6 +21,8 @@ from jax import tree_util
 from jax._src import test_util as jtu
 from jax._src import tree_util as tree_util_internal
 
+import stock_reference
+
 
 def make_hierarchy():
   """A library-like hierarchy: a base class that is no pytree node, and
@@ -222,8 +224,8 @@ class PreserveRelativeIdentitiesTest(jtu.JaxTestCase):
     # names the layer's class, and the model stays two objects.
     script = textwrap.dedent("""
         import warnings
+        import jax  # A TPU runtime may warn here, of its own set-up.
         warnings.simplefilter("error")
-        import jax
         import equinox as eqx
         import optax
         from flax import nnx
@@ -243,6 +245,7 @@ class PreserveRelativeIdentitiesTest(jtu.JaxTestCase):
     """)
     done = subprocess.run(
         [sys.executable, "-c", script],
+        env=stock_reference.child_environment(),
         capture_output=True,
         text=True,
         check=True,

@@ -23,6 +23,8 @@ import textwrap
 from absl.testing import absltest
 from absl.testing import parameterized
 
+import stock_reference
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 # The user's script: argv[1] names the JAX function that meets the tie
@@ -97,6 +99,7 @@ class TiedByOptInTest(parameterized.TestCase):
     )
     done = subprocess.run(
         [sys.executable, "-c", source, meets_the_tie],
+        env=stock_reference.child_environment(),
         capture_output=True,
         text=True,
         check=True,
@@ -113,8 +116,11 @@ class TiedByOptInTest(parameterized.TestCase):
   def test_told_once_at_the_users_line_naming_places_base_and_fix(
       self, meets_the_tie
   ):
-    told, line = self.run_script(meets_the_tie)
-    self.assertLen(told, 1, told)
+    warned, line = self.run_script(meets_the_tie)
+    # Of the ties, and nothing else of them (an accelerator's runtime may
+    # warn of its own set-up).
+    told = [w for w in warned if w[0].endswith(("TieWarning", "OptInWarning"))]
+    self.assertLen(told, 1, warned)
     category, message, filename, lineno = told[0]
     self.assertEqual(category, "TiedByOptInWarning")
     self.assertIn("The Linear at ", message)
