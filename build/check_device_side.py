@@ -80,9 +80,7 @@ def tied_step_seconds(args):
   if can_opt_in():
     jax.tree_util.preserve_relative_identities(eqx.Module)
     # The tie of TiedLM is meant: acknowledged, as its user would.
-    warnings.filterwarnings(
-        "ignore", category=jax.tree_util.TiedByOptInWarning
-    )
+    warnings.filterwarnings("ignore", category=jax.tree_util.TiedByOptInWarning)
     model, how = lm.TiedLM, "tied by identity"
   else:
     model, how = lm.SharedLM, "eqx.nn.Shared"

@@ -239,7 +239,9 @@ class Flattener {
           AddReference(obj, scope->IndexAt(entry.slot));
           const PyTreeRegistry::OptedInBase* base = node.custom->opted_in_by;
           if (base != nullptr && !inherited_tie_.is_valid() &&
-              !base->tie_reported.load(std::memory_order_relaxed)) {
+              !base->tie_reported.load(std::memory_order_relaxed) &&
+              !node.custom->inherited_tie_declined.load(
+                  std::memory_order_relaxed)) {
             inherited_tie_ = nb::borrow(obj);
             inherited_tie_registration_ = node.custom;
           }
@@ -282,8 +284,9 @@ class Flattener {
   }
 
   // The first object of a class opted in by a base that this flatten met at
-  // a second place, while none of that base's had been reported, and its
-  // class's registration (PyTreeRegistry::ReportInheritedTie).
+  // a second place, while none of that base's had been reported nor one of
+  // its class declined, and its class's registration
+  // (PyTreeRegistry::ReportInheritedTie).
   const nb::object& inherited_tie() const { return inherited_tie_; }
   const PyTreeRegistry::Registration& inherited_tie_registration() const {
     return *inherited_tie_registration_;

@@ -107,6 +107,10 @@ class PyTreeRegistry {
     // (OptInRelativeIdentities reports it). Atomic: unflattens on several
     // threads set it.
     mutable std::atomic<bool> built_by_unflatten = false;
+    // The inherited_tie_observer declined to tell an object of this class
+    // (met where a library aliases it, say): its objects are not handed to
+    // it again. Atomic as built_by_unflatten.
+    mutable std::atomic<bool> inherited_tie_declined = false;
   };
 
   PyTreeRegistry(bool enable_none, bool enable_tuple, bool enable_namedtuple,
@@ -200,7 +204,8 @@ class PyTreeRegistry {
   // registry's Python object) `inherited_tie_observer`, if it has one and
   // no object of that base's classes was reported before:
   // observer(tree, node, base). Whether and how the user is told is the
-  // observer's to say.
+  // observer's to say; a false result declines this object (not the user's
+  // tie), and the base's next one is handed over, of another class.
   static void ReportInheritedTie(nb::handle registry, nb::handle tree,
                                  nb::handle node,
                                  const Registration& registration);

@@ -194,7 +194,13 @@ void PyTreeRegistry::ReportInheritedTie(nb::handle registry, nb::handle tree,
       nb::getattr(registry, "inherited_tie_observer", nb::none());
   const OptedInBase* base = registration.opted_in_by;
   if (observer.is_none() || base->tie_reported.exchange(true)) return;
-  observer(tree, node, base->type);
+  // An exception leaves the base reported: told once, as an error.
+  const int told = PyObject_IsTrue(observer(tree, node, base->type).ptr());
+  if (told < 0) throw nb::python_error();
+  if (told == 0) {
+    registration.inherited_tie_declined.store(true, std::memory_order_relaxed);
+    base->tie_reported.store(false, std::memory_order_relaxed);
+  }
 }
 
 // A node of a builtin kind is never shared: its identity is not the user's.

@@ -329,8 +329,13 @@ def test_the_first_tie_of_a_class_opted_in_by_a_base_is_reported_once(
   keeping.preserve_relative_identities(NamedAfter)
 
   reports = []
+
+  def report(*given):
+    reports.append(given)
+    return True
+
   for registry in (keeping, stock_layout):
-    registry.inherited_tie_observer = lambda *report: reports.append(report)
+    registry.inherited_tie_observer = report
   for cls in (OwnFlag, NamedAfter, NamedBefore):
     node = cls(1)
     assert keeping.flatten([node, node])[1].has_shared_nodes
@@ -352,6 +357,41 @@ def test_the_first_tie_of_a_class_opted_in_by_a_base_is_reported_once(
   assert reports[1:] == [([other, other, tied], other, OtherBase)]
   keeping.flatten([other, other])
   assert len(reports) == 2
+
+
+def test_a_declined_tie_passes_the_base_on_to_another_class():
+  # An observer that returns a false value declines the object: its class
+  # is not handed over again, and the base's next tie, of another class, is.
+  keeping, _ = twins()
+
+  class Base:
+    pass
+
+  class Aliased(Base, Fresh):
+    pass
+
+  class Tied(Base, Fresh):
+    pass
+
+  for cls in (Aliased, Tied):
+    keeping.register_node(cls, fresh_flatten, fresh_unflatten)
+  keeping.preserve_relative_identities(Base)
+  handed = []
+
+  def observe(tree, node, base):
+    handed.append(type(node))
+    return type(node) is Tied
+
+  keeping.inherited_tie_observer = observe
+  aliased, tied = Aliased(1), Tied(2)
+  for tree in (
+      [aliased, aliased],
+      [aliased, aliased],
+      [aliased, aliased, tied, tied],
+      [tied, tied],
+  ):
+    keeping.flatten(tree)
+  assert handed == [Aliased, Tied]
 
 
 def test_an_inherited_tie_waits_for_an_observer_and_its_error_is_raised():

@@ -87,7 +87,62 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+# Libraries' own aliasing, then a tie of the user's in a library's container.
+LIBRARY_SCRIPT = textwrap.dedent("""
+    import json, warnings
+    import jax
+    import jax.numpy as jnp
+    import equinox as eqx
+    import optax
+    jax.tree_util.preserve_relative_identities(eqx.Module)
+
+    class Model(eqx.Module):
+      w: jax.Array
+      b: jax.Array
+
+    def loss(m):
+      return jnp.sum((m.w - 2.0) ** 2) + jnp.sum(m.b ** 2)
+
+    with warnings.catch_warnings(record=True) as told:
+      warnings.simplefilter("always")
+      model = Model(jnp.ones(3), jnp.zeros(3))
+      # optax.lbfgs holds one object at two places of its state: in two
+      # slots of a tuple, and in two fields of its state record.
+      opt = optax.lbfgs()
+      state = opt.init(model)
+      value_and_grad = optax.value_and_grad_from_state(loss)
+      for _ in range(3):
+        value, grad = value_and_grad(model, state=state)
+        updates, state = opt.update(
+            grad, state, model, value=value, grad=grad, value_fn=loss)
+        model = optax.apply_updates(model, updates)
+      library = len(told)
+      layer = eqx.nn.Linear(2, 2, key=jax.random.key(0))
+      eqx.filter_jit(lambda s, x: s(x))(eqx.nn.Sequential([layer, layer]),
+                                       jnp.ones(2))
+    print(json.dumps([library, [str(w.message) for w in told]]))
+""")
+
+
 class TiedByOptInTest(parameterized.TestCase):
+
+  def test_a_librarys_aliasing_is_not_told_a_users_tie_in_its_container_is(
+      self,
+  ):
+    done = subprocess.run(
+        [sys.executable, "-c", LIBRARY_SCRIPT],
+        env=stock_reference.child_environment(),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    library, told = json.loads(done.stdout)
+    told = [m for m in told if "is one object" in m]
+    self.assertEqual(library, 0, told)
+    self.assertLen(told, 1)
+    self.assertIn("The Linear at ", told[0])
+    self.assertIn(".layers[0] and ", told[0])
+    self.assertIn(".layers[1] is one object", told[0])
 
   def run_script(self, meets_the_tie):
     source = SCRIPT.format(here=HERE)
