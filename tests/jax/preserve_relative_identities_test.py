@@ -7,8 +7,6 @@ Opting in cannot be undone, so every test makes its own class hierarchy.
 
 import ast
 import gc
-import subprocess
-import sys
 import textwrap
 import warnings
 
@@ -243,14 +241,7 @@ class PreserveRelativeIdentitiesTest(jtu.JaxTestCase):
           jax.tree_util.preserve_relative_identities(eqx.Module)
         print(repr(([str(w.message) for w in told], model.a is model.b)))
     """)
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        env=stock_reference.child_environment(),
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    (told,), tied = ast.literal_eval(done.stdout)
+    (told,), tied = ast.literal_eval(stock_reference.run_child("-c", script))
     self.assertIn("preserve_relative_identities(Module) comes after", told)
     self.assertIn("hold Linear at several places", told)
     self.assertFalse(tied)

@@ -17,6 +17,7 @@ backend's float32 tolerance (`reference_tolerance`).
 import json
 import os
 import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -47,6 +48,19 @@ def child_environment():
   """This process's environment for a child that imports jax: on the CPU, so
   that it runs beside this process whatever holds the accelerator."""
   return dict(os.environ, JAX_PLATFORMS="cpu")
+
+
+def run_child(*args):
+  """What this interpreter, run with `args` in a child process on the CPU
+  (a fresh process: opt-ins and once-only warnings start anew), printed;
+  CalledProcessError if it failed."""
+  return subprocess.run(
+      [sys.executable, *args],
+      env=child_environment(),
+      capture_output=True,
+      text=True,
+      check=True,
+  ).stdout
 
 
 def reference_tolerance(rtol, atol=0.0):

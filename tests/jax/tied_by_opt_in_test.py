@@ -16,8 +16,6 @@ once per base class in a process.
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 
 from absl.testing import absltest
@@ -129,14 +127,7 @@ class TiedByOptInTest(parameterized.TestCase):
   def test_a_librarys_aliasing_is_not_told_a_users_tie_in_its_container_is(
       self,
   ):
-    done = subprocess.run(
-        [sys.executable, "-c", LIBRARY_SCRIPT],
-        env=stock_reference.child_environment(),
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    library, told = json.loads(done.stdout)
+    library, told = json.loads(stock_reference.run_child("-c", LIBRARY_SCRIPT))
     told = [m for m in told if "is one object" in m]
     self.assertEqual(library, 0, told)
     self.assertLen(told, 1)
@@ -152,14 +143,10 @@ class TiedByOptInTest(parameterized.TestCase):
         for number, text in enumerate(source.splitlines(), 1)
         if text.lstrip().startswith(f'"{meets_the_tie}":')
     )
-    done = subprocess.run(
-        [sys.executable, "-c", source, meets_the_tie],
-        env=stock_reference.child_environment(),
-        capture_output=True,
-        text=True,
-        check=True,
+    return (
+        json.loads(stock_reference.run_child("-c", source, meets_the_tie)),
+        line,
     )
-    return json.loads(done.stdout), line
 
   @parameterized.parameters(
       "docstring training",
