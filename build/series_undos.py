@@ -45,8 +45,15 @@ def undone_lines(folder: Path, version: str) -> collections.Counter:
       first = int(hunk.group(1))
       last = first + int(hunk.group(2) or 1) - 1
       blame = git(
-          folder, "blame", "-l", "-s", "-L", f"{first},{last}",
-          f"{commit}^", "--", path,
+          folder,
+          "blame",
+          "-l",
+          "-s",
+          "-L",
+          f"{first},{last}",
+          f"{commit}^",
+          "--",
+          path,
       )
       for row in blame.splitlines():
         written_by = number.get(row.split(" ", 1)[0].lstrip("^"))
