@@ -204,8 +204,8 @@ class PyTreeRegistry {
   // registry's Python object) `inherited_tie_observer`, if it has one and
   // no object of that base's classes was reported before:
   // observer(tree, node, base). Whether and how the user is told is the
-  // observer's to say; a false result declines this object (not the user's
-  // tie), and the base's next one is handed over, of another class.
+  // observer's to say; a result of False declines this object (not the
+  // user's tie), and the base's next one is handed over, of another class.
   static void ReportInheritedTie(nb::handle registry, nb::handle tree,
                                  nb::handle node,
                                  const Registration& registration);

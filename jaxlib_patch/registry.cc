@@ -194,10 +194,9 @@ void PyTreeRegistry::ReportInheritedTie(nb::handle registry, nb::handle tree,
       nb::getattr(registry, "inherited_tie_observer", nb::none());
   const OptedInBase* base = registration.opted_in_by;
   if (observer.is_none() || base->tie_reported.exchange(true)) return;
-  // An exception leaves the base reported: told once, as an error.
-  const int told = PyObject_IsTrue(observer(tree, node, base->type).ptr());
-  if (told < 0) throw nb::python_error();
-  if (told == 0) {
+  // An exception leaves the base reported: told once, as an error. Only
+  // False declines: an observer that returns nothing has taken the object.
+  if (observer(tree, node, base->type).is(nb::handle(Py_False))) {
     registration.inherited_tie_declined.store(true, std::memory_order_relaxed);
     base->tie_reported.store(false, std::memory_order_relaxed);
   }

@@ -329,13 +329,9 @@ def test_the_first_tie_of_a_class_opted_in_by_a_base_is_reported_once(
   keeping.preserve_relative_identities(NamedAfter)
 
   reports = []
-
-  def report(*given):
-    reports.append(given)
-    return True
-
   for registry in (keeping, stock_layout):
-    registry.inherited_tie_observer = report
+    # Returns None: takes the object (only False declines).
+    registry.inherited_tie_observer = lambda *report: reports.append(report)
   for cls in (OwnFlag, NamedAfter, NamedBefore):
     node = cls(1)
     assert keeping.flatten([node, node])[1].has_shared_nodes
@@ -360,8 +356,8 @@ def test_the_first_tie_of_a_class_opted_in_by_a_base_is_reported_once(
 
 
 def test_a_declined_tie_passes_the_base_on_to_another_class():
-  # An observer that returns a false value declines the object: its class
-  # is not handed over again, and the base's next tie, of another class, is.
+  # An observer that returns False declines the object: its class is not
+  # handed over again, and the base's next tie, of another class, is.
   keeping, _ = twins()
 
   class Base:
