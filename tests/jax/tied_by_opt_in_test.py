@@ -122,7 +122,37 @@ LIBRARY_SCRIPT = textwrap.dedent("""
 """)
 
 
+# Flax NNX: one layer at two places of a module, under plain jax.jit.
+NNX_SCRIPT = textwrap.dedent("""
+    import json, warnings
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+    jax.tree_util.preserve_relative_identities(nnx.Pytree)
+    jax.tree_util.preserve_relative_identities(nnx.Variable)
+
+    class Twice(nnx.Module):
+      def __init__(self, rngs):
+        self.first = nnx.Linear(2, 2, rngs=rngs)
+        self.last = self.first
+
+    with warnings.catch_warnings(record=True) as told:
+      warnings.simplefilter("always")
+      jax.jit(lambda m: m.last.kernel.sum())(Twice(nnx.Rngs(0)))
+    print(json.dumps([str(w.message) for w in told]))
+""")
+
+
 class TiedByOptInTest(parameterized.TestCase):
+
+  def test_flax_nnx_modules_are_told_naming_nnx_pytree(self):
+    told = json.loads(stock_reference.run_child("-c", NNX_SCRIPT))
+    told = [m for m in told if "is one object" in m]
+    self.assertLen(told, 1)
+    self.assertIn("The Linear at ", told[0])
+    self.assertIn(".first and ", told[0])
+    self.assertIn(".last is one object", told[0])
+    self.assertIn("preserve_relative_identities(flax.nnx.Pytree)", told[0])
 
   def test_a_librarys_aliasing_is_not_told_a_users_tie_in_its_container_is(
       self,
