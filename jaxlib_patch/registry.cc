@@ -155,14 +155,8 @@ bool PyTreeRegistry::IsNode(nb::handle type) const {
 }
 
 bool PyTreeRegistry::InheritsOptIn(PyTypeObject* type) const {
-  if (!PyType_Check(reinterpret_cast<PyObject*>(type))) return false;
-  for (const auto& base : origin_->opted_in_bases_) {
-    if (PyType_IsSubtype(type,
-                         reinterpret_cast<PyTypeObject*>(base->type.ptr()))) {
-      return true;
-    }
-  }
-  return false;
+  return PyType_Check(reinterpret_cast<PyObject*>(type)) &&
+         (NamedForOptIn(type) != nullptr || OptedInProperBase(type) != nullptr);
 }
 
 const PyTreeRegistry::OptedInBase* PyTreeRegistry::NamedForOptIn(
