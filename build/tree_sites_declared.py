@@ -392,8 +392,8 @@ SITES = {
         "ties: they keep their sharing, as its arguments do",
     ),
     (
-        "custom_derivatives",
-        "_ResultSharing.note_result",
+        "custom_rule_ties",
+        "ResultSharing.note_result",
         "identity_default_registry.flatten",
     ): (
         SHARING,
@@ -401,8 +401,8 @@ SITES = {
         "rule) returned, given arguments that share: the result keeps it",
     ),
     (
-        "custom_derivatives",
-        "_TiedArguments.flatten_fwd_output",
+        "custom_rule_ties",
+        "TiedArguments.flatten_fwd_output",
         "tree_util.identity_default_registry (as a value)",
     ): (
         SHARING,
