@@ -6,8 +6,8 @@ Checks the series out as ``patch_series.py checkout`` does, into a temporary
 folder (or DIR, kept), and at each commit from the first patch on runs
 SMOKE with ``PY`` (default: this interpreter), the checkout first on its
 path: ``jax.jit``, ``jax.grad``, ``jax.vmap``, ``lax.scan`` and
-``jax.tree.map`` on a pair that holds one opted-in object twice, warnings
-as errors. A commit passes when every call runs and computes stock's
+``jax.tree.map`` on a pair that holds one object twice (opted in from the
+patch that brings the flag on), warnings as errors. A commit passes when every call runs and computes stock's
 values; whether it keeps the tie is printed beside, since the patches that
 keep it come after those that make room for it. ``PY`` must import this
 repository's module (``jaxlib_patch``) and jaxlib: the venv of
@@ -26,26 +26,22 @@ from build_common import DEFAULT_VERSION
 from patch_series import STOCK_SUBJECT, checkout, git
 
 # Run at each commit. Opts in through jax's registration where the commit
-# has the flag, else through the module's registry, which has it from 0001.
+# has the flag; before it, registers the class plainly (stock's values, no
+# tie to keep).
 SMOKE = r"""
 import dataclasses, inspect, warnings
 warnings.simplefilter("error")
 import jax, jax.numpy as jnp
-from jax._src import tree_util
 
 @dataclasses.dataclass
 class Param:
   value: object
 
+flag = {}
 if "preserve_relative_identities" in inspect.signature(
     jax.tree_util.register_dataclass).parameters:
-  jax.tree_util.register_dataclass(
-      Param, ["value"], [], preserve_relative_identities=True)
-else:
-  registry = getattr(tree_util, "identity_default_registry",
-                     tree_util.default_registry)
-  registry.register_dataclass_node(
-      Param, ["value"], [], preserve_relative_identities=True)
+  flag = dict(preserve_relative_identities=True)
+jax.tree_util.register_dataclass(Param, ["value"], [], **flag)
 
 p = Param(jnp.arange(3.0))
 pair = (p, p)

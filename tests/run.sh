@@ -18,7 +18,9 @@
 #      jaxlib wheel's manylinux tag), then the module's tests against the
 #      module of the first Python's wheel (zig's build);
 #   5. per Python, the wheels installed in a second virtual environment, then
-#      the JAX-level tests (tests/jax) and the demo against them.
+#      the JAX-level tests (tests/jax) and the demo against them; on the
+#      first, the jax series checked out commit by commit (each runs JAX on
+#      a tied pair; none takes back a line an earlier one added).
 # The first Python's venvs are $JAXLIB_PATCH_VENV and $JAXLIB_PATCH_JAX_VENV
 # if set (default .venv-test, .venv-jax); the others' get a -3.X suffix.
 #
@@ -29,8 +31,8 @@
 # and the sharing invariants' hypothesis search; then the JAX-level tests but
 # check_device_test.py against the custom wheels of dist/ (built by
 # build/build.py first if there are none for that Python), with the module
-# just built in front of the wheel's. No formatting check, bazel,
-# sanitizers, other Pythons or demo.
+# just built in front of the wheel's, and the series commit by commit. No
+# formatting check, bazel, sanitizers, other Pythons or demo.
 # Usage: bash tests/run.sh [--quick] [pytest args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +44,17 @@ if [ "${1:-}" = --quick ]; then quick=1; shift; fi
 dist=$root/dist
 
 step() { printf '\n=== %s\n' "$*"; }
+
+# The jax series commit by commit: each runs JAX on a tied pair (with the
+# module of the given venv's custom jaxlib), none takes back a line an
+# earlier one added, and the last leaves the tree recorded in
+# jax_patch/<version>/applied-tree.
+check_series() {
+  step "the jax series, commit by commit (build/series_smoke.py, series_undos.py, series_tree.py)"
+  (cd build && "$1/bin/python" series_smoke.py --python "$1/bin/python" &&
+     "$1/bin/python" series_undos.py | tail -n 1 &&
+     "$1/bin/python" series_tree.py | tail -n 1)
+}
 
 # Warnings fail the setuptools builds (setup.py) and the bazel build (below).
 export JAXLIB_PATCH_WERROR=1
@@ -166,6 +179,7 @@ if [ "$quick" = 1 ]; then
   # quarter of the JAX-level tests' time, which the whole suite runs.
   PYTHONPATH="$quick_module" run_jax_suite "$first" "$jax_venv_default" \
     --ignore="$root/tests/jax/check_device_test.py" "$@"
+  check_series "$jax_venv_default"
   step "quick: done in $((SECONDS - started)) s"
   exit 0
 fi
@@ -237,6 +251,7 @@ for version in "${found[@]}"; do
   # Python only: the patched jax is the same source on every Python.
   if [ "$version" = "$first" ]; then
     run_jax_suite "$version" "$jax_venv" "$@"
+    check_series "$jax_venv"
   else
     run_jax_suite "$version" "$jax_venv" \
       --ignore="$root/tests/jax/public_surface_test.py" "$@"

@@ -322,8 +322,8 @@ def test_the_check_finds_a_changed_number(doc, tmp_path):
         # Every patch in one row of the series' table.
         (
             "docs/jax-integration.md",
-            "| `0014-",
-            "missing ['0014-unshare-and-retie']",
+            "| `0005-",
+            "missing ['0005-prefix-specs-over-shared-nodes']",
         ),
     ],
 )
