@@ -7,7 +7,8 @@ folder (or DIR, kept), and at each commit from the first patch on runs
 SMOKE with ``PY`` (default: this interpreter), the checkout first on its
 path: ``jax.jit``, ``jax.grad``, ``jax.vmap``, ``lax.scan`` and
 ``jax.tree.map`` on a pair that holds one object twice (opted in from the
-patch that brings the flag on), warnings as errors. A commit passes when every call runs and computes stock's
+patch that brings the flag on), warnings as errors, and from the flag on a
+``jax.tree.map`` that splits the tie, which must warn. A commit passes when every call runs and computes stock's
 values; whether it keeps the tie is printed beside, since the patches that
 keep it come after those that make room for it. ``PY`` must import this
 repository's module (``jaxlib_patch``) and jaxlib: the venv of
@@ -61,6 +62,12 @@ kept["scan"] = carry
 plus = jax.tree.map(lambda x: x + 1, pair)
 assert (plus[1].value == p.value + 1).all()
 kept["tree.map"] = plus
+if flag:  # From the flag on, a map that splits the tie tells it.
+  with warnings.catch_warnings(record=True) as told:
+    warnings.simplefilter("always")
+    split = jax.tree.map(lambda x, s: x * s, pair, (Param(1.0), Param(2.0)))
+  assert (split[1].value == 2 * p.value).all() and split[0] is not split[1]
+  assert [w for w in told if "split a tie" in str(w.message)], told
 print(" ".join(k for k, t in kept.items() if t[0] is t[1]) or "-")
 """
 
