@@ -1,6 +1,6 @@
 """The sites of the patched jax.experimental that keep relative identities,
 with why: its modules are written against the public ``jax.tree`` and
-``jax.tree_util`` API (none is patched, but 0011's leaf files), so they lay
+``jax.tree_util`` API (none is patched, but 0012's leaf files), so they lay
 trees out as that API does, keeping relative identities. Keys as in
 ``tree_sites_declared.py``, with the module's full name.
 """
@@ -69,7 +69,7 @@ SITES = {
     ),
     ("jax.experimental.leaf_files", "*", "*"): (
         SHARING,
-        "a model's leaves and its untied layout, for load_leaves (0011)",
+        "a model's leaves and its untied layout, for load_leaves (0012)",
     ),
     ("jax.experimental.key_reuse._core", "*", "*"): (
         SHARING,

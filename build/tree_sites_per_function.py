@@ -1,5 +1,5 @@
 """The sites of the patched jax/_src where a public function that is no
-entry point hands the user's tree on and gives a tree back (0009, 0010):
+entry point hands the user's tree on and gives a tree back (0010, 0011):
 each keeps the tree's ties, or tells where it cannot. Keys and layouts as in
 ``tree_sites_declared.py``.
 """
@@ -7,7 +7,7 @@ each keeps the tree's ties, or tells where it cannot. Keys and layouts as in
 from tree_sites_declared import PER_LEAF, RESULTS, FOLLOWS, SHARING
 
 SITES = {
-    # 0009: the same class, found by its shape: a public function that maps
+    # 0010: the same class, found by its shape: a public function that maps
     # the user's tree leaf by leaf (every collective of lax/parallel.py is a
     # `tree_map(bind, x)`), or hands it on as given.
     ("lax.parallel", "*", "tree_identities.tree_map"): (SHARING, PER_LEAF),
@@ -55,7 +55,7 @@ SITES = {
         "checkpoint's arguments: an entry point, as jit's (its function sees "
         "the ties, and returns them)",
     ),
-    # 0010: functions that hand the user's tree to the user's function and
+    # 0011: functions that hand the user's tree to the user's function and
     # give a tree back keep its ties; ravel_pytree tells where it cannot.
     ("lax.lax", "composite._decorator", "identity_default_registry.flatten"): (
         SHARING,

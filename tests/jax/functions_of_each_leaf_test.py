@@ -1,5 +1,5 @@
 """Public functions that map the tree the user hands over leaf by leaf, or
-hand it on as given, and give a tree back (patches 0009 and 0010):
+hand it on as given, and give a tree back (patches 0010 and 0011):
 each keeps the ties of the tree it was given and computes stock's values.
 
 Every case runs on generated trees (lists of a few opted-in `Param`s, some

@@ -351,7 +351,7 @@ class NeverWorseThanStockTest(jtu.JaxTestCase):
     self.assertSameValues(program, splits=True)
 
   def test_pallas_call_given_one_node_twice(self):
-    # Pallas lays every tree out as stock does (patch 0012): the kernel gets
+    # Pallas lays every tree out as stock does (patch 0013): the kernel gets
     # a ref per place, in the generic interpreter and in Mosaic's.
     from jax.experimental import pallas as pl  # pylint: disable=g-import-not-at-top
     from jax.experimental.pallas import tpu as pltpu  # pylint: disable=g-import-not-at-top
@@ -375,7 +375,7 @@ class NeverWorseThanStockTest(jtu.JaxTestCase):
 
   def test_jit_of_equinox_checkpointed_while_loop_with_one_node_twice(self):
     # Equinox closure-converts the body on the tied carry and checks, in
-    # its custom_vjp's function, that it is called with that tree (0008).
+    # its custom_vjp's function, that it is called with that tree (0009).
     def program(cls, box):
       loss = checkpointed_loop_over_one_node_twice(cls)
       return jax.jit(loss)(cls(A)), loss(cls(B))
