@@ -20,10 +20,13 @@ of the message is the description.
 """
 
 import argparse
+from collections.abc import Iterator
+import contextlib
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -86,6 +89,18 @@ def checkout(folder: Path, version: str, wheel: Path | None) -> None:
         folder, "commit", "-q", "-F", "-", stdin=f"{subject}\n\n{description}\n"
     )
   print(f"{folder}: stock jax {version} and {len(patches)} " "patch commits")
+
+
+@contextlib.contextmanager
+def checked_out(version: str, folder: Path | None) -> Iterator[Path]:
+  """The series checked out: ``folder`` as it is, a checkout made by
+  ``checkout`` (so that several checks share one), or else a temporary one."""
+  if folder is not None:
+    yield folder
+    return
+  with tempfile.TemporaryDirectory() as scratch:
+    checkout(Path(scratch) / "jax", version, None)
+    yield Path(scratch) / "jax"
 
 
 def export(folder: Path, version: str) -> None:

@@ -1,16 +1,17 @@
 """Each commit of the jax patch series, checked out alone, runs JAX.
 
-    python build/series_smoke.py [--version V] [--python PY] [--keep DIR]
+    python build/series_smoke.py [--version V] [--python PY] [--checkout DIR]
 
 Checks the series out as ``patch_series.py checkout`` does, into a temporary
-folder (or DIR, kept), and at each commit from the first patch on runs
-SMOKE with ``PY`` (default: this interpreter), the checkout first on its
-path: ``jax.jit``, ``jax.grad``, ``jax.vmap``, ``lax.scan`` and
+folder (or takes DIR, a checkout made so), and at each commit from the first
+patch on runs SMOKE with ``PY`` (default: this interpreter), the checkout
+first on its path: ``jax.jit``, ``jax.grad``, ``jax.vmap``, ``lax.scan`` and
 ``jax.tree.map`` on a pair that holds one object twice (opted in from the
 patch that brings the flag on), warnings as errors, and from the flag on a
-``jax.tree.map`` that splits the tie, which must warn. A commit passes when every call runs and computes stock's
-values; whether it keeps the tie is printed beside, since the patches that
-keep it come after those that make room for it. ``PY`` must import this
+``jax.tree.map`` that splits the tie, which must warn. A commit passes when
+every call runs and computes stock's values; whether it keeps the tie is
+printed beside, since the patches that keep it come after those that make
+room for it. The checkout is left at its last commit. ``PY`` must import this
 repository's module (``jaxlib_patch``) and jaxlib: the venv of
 ``tests/run.sh``'s JAX-level tests, say. Exits 1 if a commit fails.
 """
@@ -24,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from build_common import DEFAULT_VERSION
-from patch_series import STOCK_SUBJECT, checkout, git
+from patch_series import STOCK_SUBJECT, checked_out, git
 
 # Run at each commit. Opts in through jax's registration where the commit
 # has the flag; before it, registers the class plainly (stock's values, no
@@ -101,6 +102,7 @@ def smoke(folder: Path, version: str, python: str) -> int:
       ]
       error = (named or lines)[-1][:200]
       print(f"{number:04d} {subject}: FAILED: {error}")
+  git(folder, "checkout", "-q", subjects[-1][0])
   print(
       f"series_smoke: {len(subjects) - 1 - failed} of {len(subjects) - 1} "
       "commits run JAX on a tied pair"
@@ -112,14 +114,13 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--version", default=DEFAULT_VERSION)
   parser.add_argument("--python", default=sys.executable)
-  parser.add_argument("--keep", type=Path, help="check out here, and keep it")
+  parser.add_argument(
+      "--checkout",
+      type=Path,
+      help="an existing checkout (patch_series.py checkout) to check as it is",
+  )
   args = parser.parse_args()
-  if args.keep:
-    checkout(args.keep, args.version, None)
-    sys.exit(smoke(args.keep, args.version, args.python))
-  with tempfile.TemporaryDirectory() as scratch:
-    folder = Path(scratch) / "jax"
-    checkout(folder, args.version, None)
+  with checked_out(args.version, args.checkout) as folder:
     sys.exit(smoke(folder, args.version, args.python))
 
 

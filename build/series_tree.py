@@ -1,9 +1,10 @@
 """The tree the jax patch series applies to, compared with the one recorded.
 
-    python build/series_tree.py [--version V] [--write]
+    python build/series_tree.py [--version V] [--checkout DIR] [--write]
 
 Checks the series out as ``patch_series.py checkout`` does, into a
-temporary folder, and compares git's hash of the applied tree (every file
+temporary folder (or takes DIR, a checkout made so, at its last commit),
+and compares git's hash of the applied tree (every file
 of jax after the last patch: content and mode, not history) with the hash
 in ``jax_patch/V/applied-tree``. A reorder or re-split of the series must
 leave it as it is, so that it changes no behaviour; a patch that changes
@@ -13,27 +14,25 @@ Exits 1 if the two differ.
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
 
 from build_common import DEFAULT_VERSION, REPO
-from patch_series import checkout, git
-
-
-def applied_tree(version: str) -> str:
-  with tempfile.TemporaryDirectory() as scratch:
-    folder = Path(scratch) / "jax"
-    checkout(folder, version, None)
-    return git(folder, "rev-parse", "HEAD^{tree}").strip()
+from patch_series import checked_out, git
 
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--version", default=DEFAULT_VERSION)
+  parser.add_argument(
+      "--checkout",
+      type=Path,
+      help="an existing checkout (patch_series.py checkout) to check as it is",
+  )
   parser.add_argument("--write", action="store_true", help="record the hash")
   args = parser.parse_args()
   record = REPO / "jax_patch" / args.version / "applied-tree"
-  tree = applied_tree(args.version)
+  with checked_out(args.version, args.checkout) as folder:
+    tree = git(folder, "rev-parse", "HEAD^{tree}").strip()
   if args.write:
     record.write_text(tree + "\n")
   recorded = record.read_text().strip()

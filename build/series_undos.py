@@ -1,9 +1,9 @@
 """Which patches of the jax series delete lines that an earlier patch added.
 
-    python build/series_undos.py [--version V] [--keep DIR]
+    python build/series_undos.py [--version V] [--checkout DIR]
 
 Checks the series out as ``patch_series.py checkout`` does (into a temporary
-folder, or DIR, kept) and, for each commit, asks ``git blame`` of its parent
+folder, or takes DIR, a checkout made so) and, for each commit, asks ``git blame`` of its parent
 which commit wrote each line the commit deletes or rewrites. A line written
 by an earlier patch (not by stock jax) is an undo: a reviewer reads it twice,
 once as added and once as taken back. Prints one line per (earlier, later)
@@ -14,11 +14,10 @@ import argparse
 import collections
 import re
 import sys
-import tempfile
 from pathlib import Path
 
 from build_common import DEFAULT_VERSION
-from patch_series import STOCK_SUBJECT, checkout, git
+from patch_series import STOCK_SUBJECT, checked_out, git
 
 HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? ")
 
@@ -65,11 +64,13 @@ def undone_lines(folder: Path, version: str) -> collections.Counter:
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--version", default=DEFAULT_VERSION)
-  parser.add_argument("--keep", type=Path, help="check out here, and keep it")
+  parser.add_argument(
+      "--checkout",
+      type=Path,
+      help="an existing checkout (patch_series.py checkout) to check as it is",
+  )
   args = parser.parse_args()
-  with tempfile.TemporaryDirectory() as scratch:
-    folder = args.keep or Path(scratch) / "jax"
-    checkout(folder, args.version, None)
+  with checked_out(args.version, args.checkout) as folder:
     pairs = undone_lines(folder, args.version)
   for (earlier, later), lines in sorted(pairs.items()):
     print(f"{earlier:04d} -> {later:04d}: {lines} lines")

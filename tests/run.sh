@@ -51,9 +51,15 @@ step() { printf '\n=== %s\n' "$*"; }
 # jax_patch/<version>/applied-tree.
 check_series() {
   step "the jax series, commit by commit (build/series_smoke.py, series_undos.py, series_tree.py)"
-  (cd build && "$1/bin/python" series_smoke.py --python "$1/bin/python" &&
-     "$1/bin/python" series_undos.py | tail -n 1 &&
-     "$1/bin/python" series_tree.py | tail -n 1)
+  # One checkout for the three.
+  local series
+  series=$(mktemp -d)/jax
+  (cd build && "$1/bin/python" patch_series.py checkout "$series" &&
+     "$1/bin/python" series_smoke.py --python "$1/bin/python" \
+       --checkout "$series" &&
+     "$1/bin/python" series_undos.py --checkout "$series" | tail -n 1 &&
+     "$1/bin/python" series_tree.py --checkout "$series" | tail -n 1)
+  rm -rf "$(dirname "$series")"
 }
 
 # Warnings fail the setuptools builds (setup.py) and the bazel build (below).
