@@ -40,19 +40,20 @@ SITES = {
     # The mechanism: the registries, the public API, FlatTree's layouts.
     ("tree_util", "<module>", "*"): (
         SHARING,
-        "the identity_* registries themselves, each sharing its table of "
-        "registrations with a stock-layout twin (PyTreeRegistry.twin); "
-        "in_layout_of's table of twins",
+        "the registries that keep identities themselves (default_registry, "
+        "identity_*), each sharing its table of registrations with a "
+        "stock-layout twin (PyTreeRegistry.twin); in_layout_of's table of "
+        "twins",
     ),
     ("tree_identities", "*", "*"): (SHARING, _PUBLIC),
     ("tree", "*", "*"): (SHARING, _PUBLIC + " (jax.tree)"),
     ("tree_util", "tree_retie", "*"): (SHARING, _PUBLIC + ": tree_retie"),
-    ("tree_util", "tree_unshare", "identity_default_registry.flatten"): (
+    ("tree_util", "tree_unshare", "default_registry.flatten"): (
         STOCK,
         "reads the sharing only to write each shared node out at each "
         "place: its result is in stock's layout",
     ),
-    ("tree_util", "equality_errors", "identity_default_registry.flatten"): (
+    ("tree_util", "equality_errors", "default_registry.flatten"): (
         SHARING,
         _STRUCTURE_ERROR,
     ),
@@ -107,7 +108,7 @@ SITES = {
     (
         "lib",
         "_JaxJit.parse_arguments",
-        "tree_util.identity_default_registry (as a value)",
+        "tree_util.default_registry (as a value)",
     ): (
         SHARING,
         "jax_jit.parse_arguments given our default registry (either "
@@ -193,7 +194,7 @@ SITES = {
         "tree_util.FlatTree.flatten_static_argnums_argnames"
         "[identity_tracing_registry]",
     ): (SHARING, _CALL + ", traced"),
-    ("pjit", "with_sharding_constraint", "identity_default_registry.flatten"): (
+    ("pjit", "with_sharding_constraint", "default_registry.flatten"): (
         SHARING,
         "with_sharding_constraint's tree: a shared node is one value, which "
         "the shardings constrain once",
@@ -238,11 +239,11 @@ SITES = {
         _STRUCTURE_ERROR,
     ),
     # The grad family, vmap, device_put.
-    ("api", "vmap", "identity_default_registry.flatten"): (
+    ("api", "vmap", "default_registry.flatten"): (
         SHARING,
         "vmap's in_axes, the user's tree: a node they share is read once",
     ),
-    ("pmap", "pmap.infer_params", "identity_default_registry.flatten"): (
+    ("pmap", "pmap.infer_params", "default_registry.flatten"): (
         SHARING,
         "pmap's arguments: a node shared among them is one input, which "
         "in_axes give one axis",
@@ -255,7 +256,7 @@ SITES = {
         FOLLOWS,
         "in_axes read in the arguments' layout",
     ),
-    ("api", "vmap.vmap_f", "identity_default_registry.flatten"): (
+    ("api", "vmap.vmap_f", "default_registry.flatten"): (
         SHARING,
         "vmap's arguments",
     ),
@@ -275,17 +276,17 @@ SITES = {
     (
         "api",
         "value_and_grad.value_and_grad_f",
-        "identity_default_registry.flatten",
+        "default_registry.flatten",
     ): (
         SHARING,
         "grad's dtype check of each leaf, once, as vjp takes them: a shared "
         "DAG costs its nodes, not its places",
     ),
-    ("api", "device_get", "identity_default_registry.flatten"): (
+    ("api", "device_get", "default_registry.flatten"): (
         SHARING,
         PER_LEAF,
     ),
-    ("api", "block_until_ready", "identity_default_registry.flatten"): (
+    ("api", "block_until_ready", "default_registry.flatten"): (
         SHARING,
         PER_LEAF,
     ),
@@ -293,7 +294,7 @@ SITES = {
         SHARING,
         PER_LEAF,
     ),
-    ("lax.lax", "optimization_barrier", "identity_default_registry.flatten"): (
+    ("lax.lax", "optimization_barrier", "default_registry.flatten"): (
         SHARING,
         PER_LEAF,
     ),
@@ -311,7 +312,7 @@ SITES = {
         "cotangents in the outputs' layout: a node that is one object among "
         "the outputs has one cotangent (given per place, they add up)",
     ),
-    ("api", "linear_transpose", "identity_default_registry.flatten"): (
+    ("api", "linear_transpose", "default_registry.flatten"): (
         SHARING,
         "linear_transpose's primals, as vjp's",
     ),
@@ -330,14 +331,14 @@ SITES = {
         "the jacobians' maps over their arguments and results, as grad "
         "keeps them: one derivative per tied node",
     ),
-    ("api", "_std_basis", "identity_default_registry.flatten"): (
+    ("api", "_std_basis", "default_registry.flatten"): (
         SHARING,
         "the jacobians' basis: one direction per leaf of a tied node",
     ),
     (
         "api",
         "_unravel_array_into_pytree",
-        "identity_default_registry.flatten",
+        "default_registry.flatten",
     ): (
         SHARING,
         "a jacobian unravelled into the tree of its arguments or results, a "
@@ -357,7 +358,7 @@ SITES = {
         "_shard_map.wrapped.f_wrapped",
         "tree_util.FlatTree.flatten[in_layout_of(...)]",
     ): (FOLLOWS, RESULTS + " (shard_map's)"),
-    ("api", "device_put", "identity_default_registry.flatten"): (
+    ("api", "device_put", "default_registry.flatten"): (
         SHARING,
         "device_put: one buffer per unique leaf",
     ),
@@ -365,7 +366,7 @@ SITES = {
     (
         "custom_derivatives",
         "custom_jvp.__call__",
-        "identity_default_registry.flatten",
+        "default_registry.flatten",
     ): (
         SHARING,
         "custom_jvp's arguments: the function and its rule see the "
@@ -374,7 +375,7 @@ SITES = {
     (
         "custom_derivatives",
         "custom_vjp.__call__",
-        "identity_default_registry.flatten",
+        "default_registry.flatten",
     ): (
         SHARING,
         "custom_vjp's arguments as the function sees them, tied again "
@@ -385,7 +386,7 @@ SITES = {
     (
         "custom_derivatives",
         "_flatten_fun_nokwargs",
-        "identity_default_registry.flatten",
+        "default_registry.flatten",
     ): (
         SHARING,
         "the results of a custom_vjp called inside rules that run on the "
@@ -394,7 +395,7 @@ SITES = {
     (
         "custom_rule_ties",
         "ResultSharing.note_result",
-        "identity_default_registry.flatten",
+        "default_registry.flatten",
     ): (
         SHARING,
         "the sharing of what a custom_vjp's or custom_jvp's function (or "
@@ -403,7 +404,7 @@ SITES = {
     (
         "custom_rule_ties",
         "TiedArguments.flatten_fwd_output",
-        "tree_util.identity_default_registry (as a value)",
+        "tree_util.default_registry (as a value)",
     ): (
         SHARING,
         "residuals (and, inside rules that run on the ties, results) of a "
@@ -475,7 +476,7 @@ SITES = {
         "the callback's arguments, and its result spec: the spec's "
         "sharing is the result's",
     ),
-    ("callback", "io_callback", "identity_default_registry.flatten"): (
+    ("callback", "io_callback", "default_registry.flatten"): (
         SHARING,
         "the callback's arguments, and its result spec: the spec's "
         "sharing is the result's",

@@ -22,7 +22,7 @@ SITES = {
     (
         "lax.control_flow.loops",
         "_batch_and_remainder",
-        "identity_default_registry.flatten",
+        "default_registry.flatten",
     ): (SHARING, PER_LEAF),
     ("lax.control_flow.loops", "map", "tree_identities.tree_map"): (
         SHARING,
@@ -32,7 +32,7 @@ SITES = {
     (
         "debugging",
         "_split_callback_args",
-        "identity_default_registry.flatten",
+        "default_registry.flatten",
     ): (
         SHARING,
         "the arguments jax.debug.callback hands the callback: as given",
@@ -57,7 +57,7 @@ SITES = {
     ),
     # 0011: functions that hand the user's tree to the user's function and
     # give a tree back keep its ties; ravel_pytree tells where it cannot.
-    ("lax.lax", "composite._decorator", "identity_default_registry.flatten"): (
+    ("lax.lax", "composite._decorator", "default_registry.flatten"): (
         SHARING,
         "composite's arguments: its decomposition sees the ties, as a "
         "function under jit does",
@@ -70,7 +70,7 @@ SITES = {
     (
         "lax.control_flow.loops",
         "associative_scan",
-        "identity_default_registry.flatten",
+        "default_registry.flatten",
     ): (
         SHARING,
         "associative_scan's elements: fn sees a shared node as one object, "
@@ -80,7 +80,7 @@ SITES = {
     (
         "lax.control_flow.loops",
         "_combined_leaves_keeping_ties",
-        "identity_default_registry.flatten",
+        "default_registry.flatten",
     ): (
         SHARING,
         "associative_scan's fn result, read in the elements' layout where "
@@ -104,7 +104,7 @@ SITES = {
         "scan3's body output, read in the carry's layout where its places "
         "hold the very same values",
     ),
-    ("flatten_util", "ravel_pytree", "identity_default_registry.flatten"): (
+    ("flatten_util", "ravel_pytree", "default_registry.flatten"): (
         SHARING,
         "only the ties of the raveled tree, for unravel to tell that it "
         "rebuilds a copy per place (the vector is in stock's layout)",
@@ -112,7 +112,7 @@ SITES = {
     (
         "lax.lax",
         "_reduction_trees",
-        "tree_util.identity_default_registry (as a value)",
+        "tree_util.default_registry (as a value)",
     ): (
         SHARING,
         "lax.reduce's and reduce_window's operands and init values: a node "
@@ -153,17 +153,17 @@ SITES = {
     (
         "compute_on",
         "_compute_on2.wrapped",
-        "identity_default_registry.flatten",
+        "default_registry.flatten",
     ): (
         SHARING,
         "compute_on2's arguments: an entry point, as jit's (its function "
         "sees the ties, and returns them)",
     ),
-    ("pjit", "with_layout_constraint", "identity_default_registry.flatten"): (
+    ("pjit", "with_layout_constraint", "default_registry.flatten"): (
         SHARING,
         PER_LEAF,
     ),
-    ("pjit", "reshard", "identity_default_registry.flatten"): (
+    ("pjit", "reshard", "default_registry.flatten"): (
         SHARING,
         PER_LEAF,
     ),

@@ -7,6 +7,7 @@ Opting in cannot be undone, so every test makes its own class hierarchy.
 
 import ast
 import gc
+import pickle
 import textwrap
 import warnings
 
@@ -97,6 +98,26 @@ class PreserveRelativeIdentitiesTest(jtu.JaxTestCase):
     self.assertFalse(tree_util.default_registry.is_node(Module))
     self.assertEqual(jax.tree.leaves([module, module]), [module, module])
 
+  def test_each_registry_name_means_one_registry(self):
+    # The public registry is jax._src.tree_util's of the same name, and every
+    # registry pickles by reference to the one name it is known by.
+    self.assertIs(
+        tree_util.default_registry, tree_util_internal.default_registry
+    )
+    keeps = {
+        "default_registry": True,
+        "stock_layout_registry": False,
+        "identity_none_leaf_registry": True,
+        "none_leaf_registry": False,
+        "identity_tracing_registry": True,
+        "tracing_registry": False,
+    }
+    for name, keeps_identities in keeps.items():
+      registry = getattr(tree_util_internal, name)
+      self.assertEqual(registry.__name__, name)
+      self.assertIs(pickle.loads(pickle.dumps(registry)), registry)
+      self.assertEqual(registry.keeps_relative_identities, keeps_identities)
+
   def test_every_registry_of_ours_and_not_the_dispatch_one(self):
     Module, Linear, _ = make_hierarchy()
     tree_util.preserve_relative_identities(Module)
@@ -111,10 +132,10 @@ class PreserveRelativeIdentitiesTest(jtu.JaxTestCase):
           registry.keeps_relative_identities,
       )
     self.assertTrue(
-        tree_util_internal.identity_default_registry.keeps_relative_identities
+        tree_util_internal.default_registry.keeps_relative_identities
     )
     self.assertFalse(
-        tree_util_internal.default_registry.keeps_relative_identities
+        tree_util_internal.stock_layout_registry.keeps_relative_identities
     )
     self.assertNotIn(
         tree_util_internal.dispatch_registry,

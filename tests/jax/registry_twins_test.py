@@ -1,8 +1,9 @@
 """JAX's registries and their twins agree on every registration.
 
-JAX flattens its own trees with `default_registry`, `none_leaf_registry` and
-`tracing_registry` (stock's layout) and the trees users hand over with their
-`identity_*` twins. A type registered on one registry object only, as
+JAX flattens its own trees with `stock_layout_registry`, `none_leaf_registry`
+and `tracing_registry` (stock's layout) and the trees users hand over with
+their twins: `default_registry` (the public one), `identity_none_leaf_registry`
+and `identity_tracing_registry`. A type registered on one registry object only, as
 `jax.Ref` views (`TransformedRef`) are on the tracing registry, must flatten
 the same way in its twin, or a view passed to `jax.jit`, `lax.cond`,
 `jax.checkpoint` or `shard_map` is taken for a leaf there and refused. The
@@ -40,10 +41,14 @@ pytestmark = pytest.mark.filterwarnings(
 
 TWINS = {
     name: (
-        getattr(internal_tree_util, f"{name}_registry"),
-        getattr(internal_tree_util, f"identity_{name}_registry"),
+        getattr(internal_tree_util, stock_layout),
+        getattr(internal_tree_util, keeping_identities),
     )
-    for name in ("default", "none_leaf", "tracing")
+    for name, stock_layout, keeping_identities in (
+        ("default", "stock_layout_registry", "default_registry"),
+        ("none_leaf", "none_leaf_registry", "identity_none_leaf_registry"),
+        ("tracing", "tracing_registry", "identity_tracing_registry"),
+    )
 }
 
 

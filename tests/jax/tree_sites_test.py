@@ -59,11 +59,11 @@ def test_the_doc_section_is_current(installed):
 TREE_UTIL = """
 from jax._src.lib import pytree
 
-default_registry = pytree.PyTreeRegistry(keeps_relative_identities=False)
-identity_default_registry = pytree.PyTreeRegistry()
+stock_layout_registry = pytree.PyTreeRegistry(keeps_relative_identities=False)
+default_registry = pytree.PyTreeRegistry()
 
 def tree_flatten(tree, is_leaf=None):
-  return default_registry.flatten(tree, is_leaf)
+  return stock_layout_registry.flatten(tree, is_leaf)
 
 def tree_unflatten(treedef, leaves):
   return treedef.unflatten(leaves)
@@ -84,14 +84,14 @@ def compared(in_tree, out_tree):
   return in_tree == out_tree
 
 def entry(x):
-  return tree_util.identity_default_registry.flatten(x)
+  return tree_util.default_registry.flatten(x)
 
 class Rule:
   def held(self, registry, x):
     return registry.flatten(x)
 
 def results(in_tree, ans):
-  return tree_util.in_layout_of(in_tree, tree_util.default_registry).flatten(
+  return tree_util.in_layout_of(in_tree, tree_util.stock_layout_registry).flatten(
       ans)
 
 def array(x):
@@ -124,7 +124,7 @@ def test_sites_are_found_with_their_layouts(tmp_path):
   assert kinds == [
       ("Rule.held", "registry.flatten", "param:registry"),
       ("compared", "treedef ==", "treedef"),
-      ("entry", "identity_default_registry.flatten", "sharing"),
+      ("entry", "default_registry.flatten", "sharing"),
       ("passed", "tree_util.tree_unflatten (as a value)", "treedef"),
       ("plain", "tree_util.tree_flatten", "stock"),
       ("plain", "tree_util.tree_unflatten", "treedef"),
@@ -148,7 +148,7 @@ def test_an_undeclared_site_fails_naming_module_function_and_line(tmp_path):
 def test_declared_sites_pass_and_take_the_declared_layout(tmp_path):
   declared = _declarations(
       {
-          ("user", "entry", "identity_default_registry.flatten"): (
+          ("user", "entry", "default_registry.flatten"): (
               "sharing",
               "an entry point",
           ),
@@ -177,8 +177,8 @@ def test_a_tree_function_that_keeps_identities_makes_its_callers_declare(
   # tree_flatten now keeps relative identities: each call of it must be
   # declared, though the call itself names no identity registry.
   keeping = TREE_UTIL.replace(
+      "return stock_layout_registry.flatten",
       "return default_registry.flatten",
-      "return identity_default_registry.flatten",
   )
   declared = _declarations(
       {("tree_util", "tree_flatten", "*"): ("sharing", "made up")}

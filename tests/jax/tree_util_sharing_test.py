@@ -253,6 +253,7 @@ class RegistrationTest(jtu.JaxTestCase):
     )
     for registry in (
         tree_util_internal.default_registry,
+        tree_util_internal.stock_layout_registry,
         tree_util_internal.none_leaf_registry,
         tree_util_internal.tracing_registry,
     ):
