@@ -8,13 +8,14 @@
 // dynamic ones once, as `(args, kwargs)`, with the tracing registry (one
 // identity scope), and calls the dispatch with one `DispatchArgs` followed by
 // the static arguments, all in C++ (no Python frame). A call whose dynamic
-// arguments are all positional leaves (`f(x)` on arrays, the common call) has
-// nothing that could be shared: it goes as it is to a second stock dispatch,
-// built with the user's own static arguments, so that it costs what stock's
-// call costs. Which of the two a call takes is fixed by its signature, so
-// each signature is cached in one of them only. Its `repr`, descriptor
-// binding, weak references, `__dict__` and `__signature__` are those of the
-// stock `PjitFunction`, so that the rest of JAX and its users see no
+// arguments hold nothing that could be shared (`f(x)` on arrays, the common
+// call, but also None, builtin containers and dataclasses not opted in, with
+// at most one keyword argument: LeafDispatchTakes) goes as it is to a second
+// stock dispatch, built with the user's own static arguments, so that it
+// costs what stock's call costs. Which of the two a call takes is fixed by its
+// signature, so each signature is cached in one of them only. Its `repr`,
+// descriptor binding, weak references, `__dict__` and `__signature__` are those
+// of the stock `PjitFunction`, so that the rest of JAX and its users see no
 // difference; `lower`, `trace`, `eval_shape` and `clear_cache` are set on the
 // type from Python, as stock sets them on `PjitFunction`.
 
@@ -61,28 +62,135 @@ bool IsStaticPosition(const std::vector<Py_ssize_t>& static_argnums,
   return false;
 }
 
-// Whether every dynamic argument of a call is positional and a leaf of the
-// tracing registry: then the call is one the leaf dispatch takes as it is.
-bool DynamicArgsArePositionalLeaves(JitFunctionObject* self,
-                                    PyObject* const* args, Py_ssize_t nargs,
-                                    PyObject* kwnames) {
-  const Py_ssize_t nkwargs = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-  for (Py_ssize_t k = 0; k < nkwargs; ++k) {
-    if (!IsStaticName(self->static_argnames.ptr(),
-                      PyTuple_GET_ITEM(kwnames, k))) {
+// The most objects (nodes and leaves) the dynamic arguments of a call may
+// hold and still go to the leaf dispatch. Past it the general path costs
+// less: our flatten is cheaper per object than stock's, which then meets one
+// list of leaves (a dict of 100 arrays costs 0.96x of stock's instructions
+// that way), while a call of a few objects would pay mostly the general
+// path's fixed cost.
+constexpr int kPlainTreeBudget = 32;
+
+bool IsPlainTree(JitFunctionObject* self, PyObject* tree, int& budget,
+                 size_t epoch);
+
+// Whether `child` is a plain tree: one of a memoized leaf type is taken
+// here, without a call (most children of most calls are arrays); any other
+// is held while it is walked, since a dataclass field read below may run
+// code that mutates the container it came from.
+inline bool IsPlainChild(JitFunctionObject* self, PyObject* child, int& budget,
+                         size_t epoch) {
+  const LeafTypeMemo& memo = self->leaf_types;
+  if (memo.epoch == epoch && memo.Knows(Py_TYPE(child))) return --budget >= 0;
+  nb::object held = nb::borrow(child);
+  return IsPlainTree(self, held.ptr(), budget, epoch);
+}
+
+// Whether the children of a tuple, list or namedtuple are plain trees. The
+// size is read again each step: a list may be mutated by a field read below.
+bool AreItemsPlain(JitFunctionObject* self, PyObject* sequence, int& budget,
+                   size_t epoch) {
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(sequence); ++i) {
+    if (!IsPlainChild(self, PySequence_Fast_GET_ITEM(sequence, i), budget,
+                      epoch)) {
       return false;
     }
   }
-  const PyTreeRegistry& registry = *self->registry_instance;
+  return true;
+}
+
+// Whether the values of a dict are plain trees. The free-threaded build
+// iterates a copy: PyDict_Next is safe there only under the dict's critical
+// section, which a field read below could suspend.
+bool AreValuesPlain(JitFunctionObject* self, PyObject* dict, int& budget,
+                    size_t epoch) {
+  if (PyDict_GET_SIZE(dict) > budget) return false;
+#ifdef Py_GIL_DISABLED
+  nb::object values = nb::steal(PyDict_Values(dict));
+  if (!values.is_valid()) {
+    PyErr_Clear();
+    return false;
+  }
+  return AreItemsPlain(self, values.ptr(), budget, epoch);
+#else
+  Py_ssize_t position = 0;
+  PyObject *key, *value;
+  while (PyDict_Next(dict, &position, &key, &value)) {
+    if (!IsPlainChild(self, value, budget, epoch)) return false;
+  }
+  return true;
+#endif
+}
+
+// Whether `tree`, within `budget` objects (spent as they are visited), holds
+// only leaves and nodes that keep no identity: None, tuples, lists, dicts,
+// namedtuples and dataclasses not opted in. Stock's dispatch registry lays
+// such a tree out exactly as the slow path's flatten does, and nothing in it
+// can be shared, so the leaf dispatch may take it as it is. A custom node
+// answers false (its children are known only by running its flatten
+// function), as does an opted-in dataclass. Never raises: a field that
+// cannot be read answers false, and the general path's flatten raises.
+bool IsPlainTree(JitFunctionObject* self, PyObject* tree, int& budget,
+                 size_t epoch) {
+  if (--budget < 0) return false;
+  PyTypeObject* type = Py_TYPE(tree);
   LeafTypeMemo& memo = self->leaf_types;
+  if (memo.epoch == epoch) {
+    if (memo.Knows(type)) return true;
+    if (memo.KnowsNamedTuple(type)) {
+      return AreItemsPlain(self, tree, budget, epoch);
+    }
+  }
+  const PyTreeRegistry::Registration* registration = nullptr;
+  switch (self->registry_instance->KindOfType(type, &registration)) {
+    case PyTreeKind::kLeaf:
+    case PyTreeKind::kNone: memo.Remember(type, epoch); return true;
+    case PyTreeKind::kNamedTuple:
+      memo.RememberNamedTuple(type, epoch);
+      return AreItemsPlain(self, tree, budget, epoch);
+    case PyTreeKind::kTuple:
+    case PyTreeKind::kList: return AreItemsPlain(self, tree, budget, epoch);
+    case PyTreeKind::kDict: return AreValuesPlain(self, tree, budget, epoch);
+    case PyTreeKind::kDataclass:
+      if (KeepsIdentity(registration)) return false;
+      for (const nb::str& field : registration->data_fields) {
+        nb::object child = nb::steal(PyObject_GetAttr(tree, field.ptr()));
+        if (!child.is_valid()) {
+          PyErr_Clear();
+          return false;
+        }
+        if (!IsPlainChild(self, child.ptr(), budget, epoch)) return false;
+      }
+      return true;
+    case PyTreeKind::kCustom: return false;
+  }
+  return false;
+}
+
+// Whether the leaf dispatch takes a call as it is: its dynamic arguments are
+// plain trees (IsPlainTree, all within one budget), and at most one of them
+// is a keyword argument, since stock's dispatch orders keyword arguments by
+// their names' addresses and the slow path's flatten by name, which agree
+// only for one.
+bool LeafDispatchTakes(JitFunctionObject* self, PyObject* const* args,
+                       Py_ssize_t nargs, PyObject* kwnames) {
   const size_t epoch = PyTreeRegistry::registration_epoch();
+  int budget = kPlainTreeBudget;
+  bool dynamic_keyword_seen = false;
+  const Py_ssize_t nkwargs = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+  for (Py_ssize_t k = 0; k < nkwargs; ++k) {
+    if (IsStaticName(self->static_argnames.ptr(),
+                     PyTuple_GET_ITEM(kwnames, k))) {
+      continue;
+    }
+    if (dynamic_keyword_seen ||
+        !IsPlainTree(self, args[nargs + k], budget, epoch)) {
+      return false;
+    }
+    dynamic_keyword_seen = true;
+  }
   for (Py_ssize_t i = 0; i < nargs; ++i) {
     if (IsStaticPosition(self->static_argnums, i, nargs)) continue;
-    PyTypeObject* type = Py_TYPE(args[i]);
-    if (memo.epoch == epoch && memo.Knows(type)) continue;
-    const PyTreeRegistry::Registration* custom = nullptr;
-    if (registry.KindOfType(type, &custom) != PyTreeKind::kLeaf) return false;
-    memo.Remember(type, epoch);
+    if (!IsPlainTree(self, args[i], budget, epoch)) return false;
   }
   return true;
 }
@@ -307,10 +415,12 @@ nb::object Dispatch(JitFunctionObject* self) {
   auto* self = reinterpret_cast<JitFunctionObject*>(callable);
   try {
     if (self->leaf_dispatch.is_valid() &&
-        DynamicArgsArePositionalLeaves(self, args, PyVectorcall_NARGS(nargsf),
-                                       kwnames)) {
-      return PyObject_Vectorcall(self->leaf_dispatch.ptr(), args, nargsf,
-                                 kwnames);
+        LeafDispatchTakes(self, args, PyVectorcall_NARGS(nargsf), kwnames)) {
+      return self->leaf_vectorcall != nullptr
+                 ? self->leaf_vectorcall(self->leaf_dispatch.ptr(), args,
+                                         nargsf, kwnames)
+                 : PyObject_Vectorcall(self->leaf_dispatch.ptr(), args, nargsf,
+                                       kwnames);
     }
     return CallJitFunction(Self(callable), args, nargsf, kwnames)
         .release()

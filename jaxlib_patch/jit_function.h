@@ -24,35 +24,61 @@ namespace nb = nanobind;
 // make_jit_function, split_static_args and positional_statics.
 void BindJitFunction(nb::module_& parent);
 
-// A few types known to be leaves of a registry, and the registration epoch
-// (PyTreeRegistry::registration_epoch) in which they were found: a type is
-// known only while that epoch stands. The first type found takes slot 0,
+// A few types whose objects are plain trees by themselves (leaves of a
+// registry, and None: IsPlainTree in jit_function.cc), and the registration
+// epoch (PyTreeRegistry::registration_epoch) in which they were found: a type
+// is known only while that epoch stands. The first type found takes slot 0,
 // which the common call (every argument a jax Array) compares first; later
 // ones replace each other in the other slots. The types are held, so that no
 // other type can take their addresses.
 struct LeafTypeMemo {
   static constexpr size_t kSlots = 4;
   std::array<nb::object, kSlots> types;
+  // Namedtuple types met in the same epoch, apart from `types` (whose objects
+  // the memoized call takes without a look inside): their children are still
+  // walked, but the attribute lookup that tells a namedtuple from another
+  // tuple subclass is made once.
+  std::array<nb::object, 2> namedtuple_types;
   size_t epoch = 0;
   size_t next_slot = 0;
+  size_t next_namedtuple_slot = 0;
 
   // Whether `type` is known, slot 0 first; the caller checks the epoch once
   // per call.
-  bool Knows(PyTypeObject* type) const {
-    for (const nb::object& known : types) {
+  bool Knows(PyTypeObject* type) const { return Holds(types, type); }
+  bool KnowsNamedTuple(PyTypeObject* type) const {
+    return Holds(namedtuple_types, type);
+  }
+  // Records that `type` is a leaf, or None's, in registration epoch `now`.
+  void Remember(PyTypeObject* type, size_t now) {
+    Refresh(now);
+    types[next_slot] = nb::borrow(reinterpret_cast<PyObject*>(type));
+    next_slot = next_slot + 1 < kSlots ? next_slot + 1 : 1;
+  }
+  void RememberNamedTuple(PyTypeObject* type, size_t now) {
+    Refresh(now);
+    namedtuple_types[next_namedtuple_slot] =
+        nb::borrow(reinterpret_cast<PyObject*>(type));
+    next_namedtuple_slot ^= 1;
+  }
+
+ private:
+  template <size_t N>
+  static bool Holds(const std::array<nb::object, N>& known_types,
+                    PyTypeObject* type) {
+    for (const nb::object& known : known_types) {
       if (known.ptr() == reinterpret_cast<PyObject*>(type)) return true;
     }
     return false;
   }
-  // Records that `type` is a leaf in registration epoch `now`.
-  void Remember(PyTypeObject* type, size_t now) {
-    if (epoch != now) {
-      for (nb::object& known : types) known.reset();
-      epoch = now;
-      next_slot = 0;
-    }
-    types[next_slot] = nb::borrow(reinterpret_cast<PyObject*>(type));
-    next_slot = next_slot + 1 < kSlots ? next_slot + 1 : 1;
+  // Forgets every type if the registration epoch moved on to `now`.
+  void Refresh(size_t now) {
+    if (epoch == now) return;
+    for (nb::object& known : types) known.reset();
+    for (nb::object& known : namedtuple_types) known.reset();
+    epoch = now;
+    next_slot = 0;
+    next_namedtuple_slot = 0;
   }
 };
 
@@ -69,24 +95,26 @@ struct JitFunctionObject {
   nb::object make_dispatch;
   nb::object registry;
   // The C++ object of `registry`, looked up once: nb::inst_ptr is an
-  // out-of-line call, and DynamicArgsArePositionalLeaves reads it on every
-  // call that the memoized leaf type does not settle.
+  // out-of-line call, and IsPlainTree reads it on every call that the
+  // memoized leaf types do not settle.
   const PyTreeRegistry* registry_instance = nullptr;
   // The stock dispatch, built by `make_dispatch` when first needed: a
   // function called only on leaves never needs it, and `jax.jit(f)(x)`
   // written inline builds a jitted function per call. Null until then.
   nb::object dispatch;
   // A second stock dispatch, with the user's own static arguments, for the
-  // calls whose dynamic arguments are all positional leaves: nothing in them
-  // can be shared, so they skip our flatten and the DispatchArgs and reach
-  // stock's own fast path as they are. Null if there is none.
+  // calls whose dynamic arguments are plain trees (leaves, and builtin nodes
+  // and dataclasses not opted in: IsPlainTree) with at most one keyword:
+  // nothing in them can be shared, so they skip our flatten and the
+  // DispatchArgs and reach stock's own fast path as they are. Null if there
+  // is none.
   nb::object leaf_dispatch;
   // Its vectorcall function, read once: the calls on arrays jump straight to
   // it, with none of PyObject_Vectorcall's lookup and result check (CPython
   // checks what this function returns). Null where IsMemoizedLeafCall cannot
   // decide a call (no leaf dispatch, no vectorcall in it, static argnums, or
-  // after tp_clear); then `vectorcall` is CallThroughFrontDoor, which never
-  // reads it.
+  // after tp_clear); then `vectorcall` is CallThroughFrontDoor, which calls
+  // the leaf dispatch through PyObject_Vectorcall.
   vectorcallfunc leaf_vectorcall = nullptr;
   // As given to jax.jit (a negative index counts from the end of a call's
   // positional arguments); the names as a tuple of str.
@@ -98,10 +126,11 @@ struct JitFunctionObject {
   // PyTreeDef.__eq__, and no new treedef object is made. Null before the
   // first call.
   nb::object last_treedef;
-  // The types of the last dynamic arguments found to be leaves: while the
-  // registration epoch they were found in stands, no type has become a node,
-  // so a call on arguments of these types (jax Arrays, and beside them Python
-  // scalars, numpy arrays or PRNG keys) skips the registry lookups.
+  // The types of the last dynamic arguments found to be leaves (or None):
+  // while the registration epoch they were found in stands, no type has
+  // become a node, so a call on arguments of these types (jax Arrays, and
+  // beside them Python scalars, numpy arrays, PRNG keys or None) skips the
+  // registry lookups.
   LeafTypeMemo leaf_types;
 };
 

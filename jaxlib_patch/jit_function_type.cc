@@ -56,6 +56,9 @@ int JitFunctionTraverse(PyObject* self, visitproc visit, void* arg) {
   Py_VISIT(o->static_argnames.ptr());
   Py_VISIT(o->last_treedef.ptr());
   for (const nb::object& type : o->leaf_types.types) Py_VISIT(type.ptr());
+  for (const nb::object& type : o->leaf_types.namedtuple_types) {
+    Py_VISIT(type.ptr());
+  }
   return 0;
 }
 

@@ -128,6 +128,18 @@ const PyTreeRegistry::Registration* PyTreeRegistry::Lookup(
   return it == registrations_.end() ? nullptr : it->second;
 }
 
+// "_fields", interned once and never released: a namedtuple is a tuple
+// subclass with that attribute (as stock tells them), and looking it up by an
+// interned name skips building the string at every tuple subclass met.
+static nb::handle NamedTupleFieldsName() {
+  static const nb::handle name = [] {
+    PyObject* interned = PyUnicode_InternFromString("_fields");
+    if (interned == nullptr) throw nb::python_error();
+    return nb::handle(interned);
+  }();
+  return name;
+}
+
 PyTreeKind PyTreeRegistry::KindOfType(PyTypeObject* type,
                                       const Registration** custom) const {
   // The builtins are checked by pointer first: they are most nodes of most
@@ -141,7 +153,8 @@ PyTreeKind PyTreeRegistry::KindOfType(PyTypeObject* type,
     return registration->kind;
   }
   if (PyType_IsSubtype(type, &PyTuple_Type) &&
-      PyObject_HasAttrString(reinterpret_cast<PyObject*>(type), "_fields")) {
+      PyObject_HasAttr(reinterpret_cast<PyObject*>(type),
+                       NamedTupleFieldsName().ptr())) {
     return PyTreeKind::kNamedTuple;
   }
   return PyTreeKind::kLeaf;

@@ -3,12 +3,15 @@
 The stock C++ dispatches are replaced by Python objects that record what they
 are called with. The main one gets the DispatchArgs (one flatten of the
 dynamic arguments), then the static positional arguments, then the static
-keyword arguments; the leaf dispatch gets the calls whose dynamic arguments
-are all positional leaves, as they are.
+keyword arguments; the leaf dispatch gets, as they are, the calls whose
+dynamic arguments are plain trees (leaves under None, builtin containers and
+dataclasses not opted in) with at most one keyword argument.
 """
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import gc
 import inspect
 import sys
@@ -20,7 +23,7 @@ from hypothesis import strategies as st
 
 from jaxlib_patch import pytree as pt
 from harness import by_address, clear_as_the_collector_does, isolated
-from nodes import PNode, register_all
+from nodes import Box, DNode, PNode, register_all
 
 REG = register_all(pt.PyTreeRegistry(), opt_in=True)
 
@@ -293,7 +296,18 @@ def test_no_reference_leaks():
   assert (sys.getrefcount(node), sys.getrefcount(static)) == before
 
 
-def test_calls_on_positional_leaves_take_the_leaf_dispatch_as_they_are():
+@dataclasses.dataclass
+class PlainPair:
+  """A dataclass node registered without the flag: a plain node."""
+
+  a: object
+  b: object
+
+
+REG.register_dataclass_node(PlainPair, ["a", "b"], [])
+
+
+def test_calls_on_plain_trees_take_the_leaf_dispatch_as_they_are():
   leaf = Recorder("leaf result")
   built = []
 
@@ -311,16 +325,56 @@ def test_calls_on_positional_leaves_take_the_leaf_dispatch_as_they_are():
   # Static arguments may be anything, nodes included.
   assert jitted(1, static_node, mode=static_node) == "leaf result"
   assert leaf.calls[-1] == ((1, static_node), {"mode": static_node})
-  assert jitted(1.5, "s", [3], static_node) == "result"  # A list: not a leaf.
-  assert jitted(1, b=2) == "result"  # A dynamic keyword argument.
-  assert jitted(None, "s", "t") == "result"  # None: a node of REG.
-  assert jitted(None) == "leaf result"  # Static: -1 is position 0 here.
-  assert jitted(PNode("n", [1]), "s") == "result"
-  assert len(built) == 1 and len(built[0].calls) == 4  # Built once, lazily.
-  assert len(leaf.calls) == 2
-  assert jitted._cache_size() == 6
+  # Leaves under None, builtin containers and plain dataclasses, and one
+  # dynamic keyword argument: nothing that could be shared.
+  plain = [
+      ((1.5, "s", [3], static_node), {}),
+      ((1,), {"b": 2}),
+      ((None, "s", "t"), {}),
+      ((None,), {}),  # Static: -1 is position 0 here.
+      (({"k": (1, None)}, "s"), {"b": PlainPair([1], None)}),
+  ]
+  for args, kwargs in plain:
+    assert jitted(*args, **kwargs) == "leaf result"
+    assert leaf.calls[-1] == (args, kwargs)
+  # A custom node anywhere, an opted-in dataclass, two dynamic keyword
+  # arguments, or more objects than the walk looks at.
+  general = [
+      ((PNode("n", [1]), "s"), {}),
+      (([1, (None, PNode("n", [1]))], "s"), {}),
+      ((PlainPair(1, Box([2])), "s"), {}),
+      ((DNode(1, 2, "m"), "s"), {}),
+      ((1,), {"n": 2, "b": 3}),
+      (([0] * 40, "s"), {}),
+  ]
+  for args, kwargs in general:
+    assert jitted(*args, **kwargs) == "result"
+    (dispatch_args, *_), _ = built[0].calls[-1]
+    assert (dispatch_args.args, dispatch_args.kwargs) == (args, kwargs)
+  assert len(built) == 1 and len(built[0].calls) == len(general)
+  assert len(leaf.calls) == 1 + len(plain)
+  assert jitted._cache_size() == 1 + len(plain) + len(general)
   jitted._clear_cache()
   assert jitted._cache_size() == 0 and leaf.calls == []
+
+
+def test_a_failing_field_read_sends_the_call_down_the_general_path():
+  # The walk never raises: the general path's flatten meets the error.
+  class Failing:
+
+    @property
+    def a(self):
+      raise RuntimeError("no field")
+
+  registry = register_all(pt.PyTreeRegistry(), opt_in=True)
+  registry.register_dataclass_node(Failing, ["a"], [])
+  leaf, main = Recorder("leaf result"), Recorder()
+  jitted = pt.jit.make_jit_function(
+      target, lambda *_: main, registry, [], [], leaf
+  )
+  with pytest.raises(RuntimeError, match="no field"):
+    jitted(Failing())
+  assert leaf.calls == [] and main.calls == []
 
 
 def test_a_type_registered_after_calls_on_it_is_a_node_from_then_on():
@@ -349,6 +403,33 @@ def test_a_type_registered_after_calls_on_it_is_a_node_from_then_on():
   assert jitted(shared, shared) == "result"
   (dispatch_args,), _ = main.calls[-1]
   assert dispatch_args.leaves == [4]  # One node, shared: flattened by us.
+  assert dispatch_args.treedef.has_shared_nodes
+  assert len(leaf.calls) == 2
+
+
+def test_a_namedtuple_registered_after_calls_on_it_is_a_custom_node():
+  # The front door remembers namedtuple types to skip their attribute
+  # lookup; a registration in between must not let one pass as plain.
+  Pair = collections.namedtuple("Pair", "a b")
+  registry = register_all(pt.PyTreeRegistry(), opt_in=True)
+  leaf, main = Recorder("leaf result"), Recorder()
+  jitted = pt.jit.make_jit_function(
+      target, lambda *_: main, registry, [], [], leaf
+  )
+  for _ in range(2):
+    assert jitted(Pair(1, [2])) == "leaf result"
+  # The collector sees the remembered types: the jitted function holds them.
+  assert Pair in gc.get_referents(jitted)
+  registry.register_node(
+      Pair,
+      lambda pair: ((pair.a, pair.b), None),
+      lambda _, children: Pair(*children),
+      preserve_relative_identities=True,
+  )
+  shared = Pair(3, 4)
+  assert jitted([shared, shared]) == "result"
+  (dispatch_args,), _ = main.calls[-1]
+  assert dispatch_args.leaves == [3, 4]
   assert dispatch_args.treedef.has_shared_nodes
   assert len(leaf.calls) == 2
 
@@ -388,7 +469,21 @@ class LateToo(Late):
 # type changes), nodes of the registry, and objects of the classes that a run
 # registers part way.
 ARGUMENTS = st.sampled_from(
-    [1, 2.5, "s", None, (), [3], PNode("n", [4]), Late(5), LateToo(6)]
+    [
+        1,
+        2.5,
+        "s",
+        None,
+        (),
+        [3],
+        {"k": (3, None)},
+        {"k": PNode("n", [4])},
+        PlainPair(1, [2]),
+        [0] * 31,  # 32 objects: the walk's budget by itself.
+        PNode("n", [4]),
+        Late(5),
+        LateToo(6),
+    ]
 )
 CALLS = st.lists(
     st.one_of(
@@ -403,14 +498,26 @@ CALLS = st.lists(
 )
 
 
-def is_leaf(registry, x):
-  treedef = registry.flatten(x)[1]
-  return treedef.num_nodes == 1 and treedef.num_leaves == 1
+def plain_objects(registry, x):
+  """How many objects `x` holds if the leaf dispatch may take it (leaves,
+  None, tuples and lists of such), else None."""
+  if x is None or not registry.is_node(type(x)):
+    return 1
+  children = {
+      tuple: lambda: x,
+      list: lambda: x,
+      dict: lambda: x.values(),
+      PlainPair: lambda: (x.a, x.b),
+  }.get(type(x))
+  if children is None:
+    return None
+  counts = [plain_objects(registry, child) for child in children()]
+  return None if None in counts else 1 + sum(counts)
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(CALLS, st.sampled_from([(), (1,), (-1,)]), st.booleans())
-def test_generated_calls_take_the_leaf_dispatch_exactly_when_all_are_leaves(
+def test_generated_calls_take_the_leaf_dispatch_exactly_when_plain(
     calls, static_argnums, leaf_is_a_function
 ):
   # Which dispatch a call takes must follow the registry at the time of the
@@ -419,6 +526,7 @@ def test_generated_calls_take_the_leaf_dispatch_exactly_when_all_are_leaves(
   # (a function, with a vectorcall) or one it calls through CPython (an
   # object whose class defines __call__).
   registry = register_all(pt.PyTreeRegistry(), opt_in=True)
+  registry.register_dataclass_node(PlainPair, ["a", "b"], [])
   leaf_calls, main = [], Recorder()
 
   def leaf_function(*args, **kwargs):
@@ -447,9 +555,10 @@ def test_generated_calls_take_the_leaf_dispatch_exactly_when_all_are_leaves(
     nargs = len(args)
     static = {i if i >= 0 else i + nargs for i in static_argnums}
     dynamic = [a for i, a in enumerate(args) if i not in static]
-    expect_leaf = "b" not in kwargs and all(
-        is_leaf(registry, a) for a in dynamic
-    )
+    counts = [plain_objects(registry, a) for a in dynamic]
+    if "b" in kwargs:
+      counts.append(plain_objects(registry, kwargs["b"]))
+    expect_leaf = None not in counts and sum(counts) <= 32
     leaf_before, main_before = len(leaf_calls), len(main.calls)
     result = jitted(*args, **kwargs)
     if expect_leaf:

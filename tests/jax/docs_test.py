@@ -43,6 +43,7 @@ PARTS = {
     ),
     "docs/jax-integration.md": (
         "docs/jax-integration.md",
+        "docs/jax-integration/jit.md",
         "docs/jax-integration/tree-sites.md",
     ),
     "docs/compatibility.md": (
