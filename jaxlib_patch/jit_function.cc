@@ -62,6 +62,26 @@ bool IsStaticPosition(const std::vector<Py_ssize_t>& static_argnums,
   return false;
 }
 
+// `self` as the object it is, for the free-threaded build's locks: the
+// memo and the last treedef are written under the object's lock, since two
+// threads may call one jitted function at once. (The memo's reads compare
+// addresses only, of types it holds.)
+nb::handle AsHandle(JitFunctionObject* self) {
+  return nb::handle(reinterpret_cast<PyObject*>(self));
+}
+
+void RememberLeafType(JitFunctionObject* self, PyTypeObject* type,
+                      size_t epoch) {
+  nb::ft_object_guard guard(AsHandle(self));
+  self->leaf_types.Remember(type, epoch);
+}
+
+void RememberNamedTupleType(JitFunctionObject* self, PyTypeObject* type,
+                            size_t epoch) {
+  nb::ft_object_guard guard(AsHandle(self));
+  self->leaf_types.RememberNamedTuple(type, epoch);
+}
+
 // The most objects (nodes and leaves) the dynamic arguments of a call may
 // hold and still go to the leaf dispatch. Past it the general path costs
 // less: our flatten is cheaper per object than stock's, which then meets one
@@ -133,7 +153,7 @@ bool IsPlainTree(JitFunctionObject* self, PyObject* tree, int& budget,
                  size_t epoch) {
   if (--budget < 0) return false;
   PyTypeObject* type = Py_TYPE(tree);
-  LeafTypeMemo& memo = self->leaf_types;
+  const LeafTypeMemo& memo = self->leaf_types;
   if (memo.epoch == epoch) {
     if (memo.Knows(type)) return true;
     if (memo.KnowsNamedTuple(type)) {
@@ -143,9 +163,9 @@ bool IsPlainTree(JitFunctionObject* self, PyObject* tree, int& budget,
   const PyTreeRegistry::Registration* registration = nullptr;
   switch (self->registry_instance->KindOfType(type, &registration)) {
     case PyTreeKind::kLeaf:
-    case PyTreeKind::kNone: memo.Remember(type, epoch); return true;
+    case PyTreeKind::kNone: RememberLeafType(self, type, epoch); return true;
     case PyTreeKind::kNamedTuple:
-      memo.RememberNamedTuple(type, epoch);
+      RememberNamedTupleType(self, type, epoch);
       return AreItemsPlain(self, tree, budget, epoch);
     case PyTreeKind::kTuple:
     case PyTreeKind::kList: return AreItemsPlain(self, tree, budget, epoch);
@@ -278,8 +298,13 @@ nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
   }
 
   // Held here: a node's __eq__ run by Equals may call this function again
-  // and replace `self->last_treedef`.
-  nb::object last_treedef = self->last_treedef;
+  // and replace `self->last_treedef`, as may another thread's call (read and
+  // replaced under the object's lock on the free-threaded build).
+  nb::object last_treedef;
+  {
+    nb::ft_object_guard guard(AsHandle(self));
+    last_treedef = self->last_treedef;
+  }
   const PyTreeDef* last =
       last_treedef.is_valid() ? nb::inst_ptr<PyTreeDef>(last_treedef) : nullptr;
   nb::object leaves;
@@ -290,7 +315,9 @@ nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
   // equal one stands for it.
   if (last == nullptr || !last->Equals(treedef)) {
     last_treedef = WrapTreeDef(std::move(treedef));
-    self->last_treedef = last_treedef;
+    nb::object replaced;  // Dropped after the lock: its release runs code.
+    nb::ft_object_guard guard(AsHandle(self));
+    replaced = std::exchange(self->last_treedef, last_treedef);
   }
   nb::object dispatch_arg = MakeDispatchArgs(
       std::move(leaves), std::move(last_treedef), call_args, call_kwargs);

@@ -548,3 +548,31 @@ def test_threads():
 
   errors = run_in_threads(worker, 8, timeout=120)
   assert errors == []
+
+
+def test_threads_calling_one_jitted_function():
+  # Eight threads call one jitted function at once, on plain trees and on
+  # nodes whose treedefs keep changing, while types are registered: each
+  # call reaches the dispatch its arguments call for, with its own leaves,
+  # though every thread replaces the memo and the last treedef.
+  registry = register_all(pt.PyTreeRegistry(), opt_in=True)
+  leaf = lambda *args, **kwargs: ("leaf", args, kwargs)
+  main = lambda dispatch_args, *_: ("main", dispatch_args.leaves)
+  jitted = pt.jit.make_jit_function(
+      lambda *args: args, lambda *_: main, registry, [], [], leaf
+  )
+
+  def worker(k):
+    for i in range(300):
+      plain = [i, (None, {"k": float(i)})][: 1 + i % 2]
+      assert jitted(plain) == ("leaf", (plain,), {})
+      tail = [k] * (i % 3)
+      assert jitted(PNode("n", [i]), tail) == ("main", [i, *tail])
+      if k == 0 and i % 50 == 0:
+        registry.register_node(
+            type(f"Registered{i}", (), {}),
+            lambda o: ((), None),
+            lambda aux, children: None,
+        )
+
+  assert run_in_threads(worker, 8, timeout=120) == []
