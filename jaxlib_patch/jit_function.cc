@@ -105,10 +105,13 @@ inline bool IsPlainChild(JitFunctionObject* self, PyObject* child, int& budget,
   return IsPlainTree(self, held.ptr(), budget, epoch);
 }
 
-// Whether the children of a tuple, list or namedtuple are plain trees. The
-// size is read again each step: a list may be mutated by a field read below.
+// Whether the children of a tuple, list or namedtuple are plain trees. One
+// longer than the budget left is answered at once, as a dict's is, and not
+// after walking as far as the budget goes. The size is read again each step:
+// a list may be mutated by a field read below.
 bool AreItemsPlain(JitFunctionObject* self, PyObject* sequence, int& budget,
                    size_t epoch) {
+  if (PySequence_Fast_GET_SIZE(sequence) > budget) return false;
   for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(sequence); ++i) {
     if (!IsPlainChild(self, PySequence_Fast_GET_ITEM(sequence, i), budget,
                       epoch)) {
