@@ -3,6 +3,7 @@
 // from its children, and build a shared node once.
 
 #include <array>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -11,13 +12,78 @@
 
 namespace jaxlib_patch {
 
-// Moves `children[0:n]` into a new tuple.
-static nb::object TupleOf(nb::object* children, Py_ssize_t n) {
-  nb::object tuple = nb::steal(PyTuple_New(n));
-  for (Py_ssize_t i = 0; i < n; ++i) {
-    PyTuple_SET_ITEM(tuple.ptr(), i, children[i].release().ptr());
+namespace {
+
+// The objects built so far, each an owned reference. Every position of a
+// traversal pushes one object, so a stack of its size never overflows and a
+// push needs no check; the trees of most calls fit the inline room, which
+// saves an allocation per unflatten. A node takes its children from the top
+// (Top), nulling each as it takes it, and they are popped (Pop) once it has
+// taken them all; until then the stack releases those it still holds.
+class BuildStack {
+ public:
+  explicit BuildStack(size_t capacity) {
+    if (capacity > kInline) {
+      // Not zeroed: only the slots below `size_` are ever read.
+      heap_.reset(new PyObject*[capacity]);
+      data_ = heap_.get();
+    }
   }
-  return tuple;
+  BuildStack(const BuildStack&) = delete;
+  BuildStack& operator=(const BuildStack&) = delete;
+  ~BuildStack() {
+    while (size_ > 0) Py_XDECREF(data_[--size_]);
+  }
+
+  size_t size() const { return size_; }
+  void Push(nb::object object) { data_[size_++] = object.release().ptr(); }
+  // For a run of pushes: the slot after the top, and the new top's end once
+  // owned references are written up to it.
+  PyObject** End() { return data_ + size_; }
+  void ExtendTo(PyObject** end) { size_ = end - data_; }
+  PyObject** Top(size_t n) { return data_ + size_ - n; }
+  void Pop(size_t taken) { size_ -= taken; }
+  nb::object Pop() { return nb::steal(data_[--size_]); }
+
+ private:
+  static constexpr size_t kInline = 32;
+  PyObject* inline_[kInline];
+  PyObject** data_ = inline_;
+  std::unique_ptr<PyObject*[]> heap_;
+  size_t size_ = 0;
+};
+
+}  // namespace
+
+// Steals `children[0:n]` into a new tuple or list.
+template <nb::object (*kNew)(Py_ssize_t)>
+static nb::object SequenceOf(PyObject** children, Py_ssize_t n) {
+  nb::object sequence = kNew(n);
+  PyObject** items = PySequence_Fast_ITEMS(sequence.ptr());
+  for (Py_ssize_t i = 0; i < n; ++i)
+    items[i] = std::exchange(children[i], nullptr);
+  return sequence;
+}
+
+static nb::object NewTuple(Py_ssize_t n) {
+  PyObject* tuple = PyTuple_New(n);
+  if (tuple == nullptr) throw nb::python_error();
+  return nb::steal(tuple);
+}
+
+static nb::object NewList(Py_ssize_t n) {
+  PyObject* list = PyList_New(n);
+  if (list == nullptr) throw nb::python_error();
+  return nb::steal(list);
+}
+
+static nb::object TupleOf(PyObject** children, Py_ssize_t n) {
+  return SequenceOf<NewTuple>(children, n);
+}
+
+// Takes `children[0:n]` once a node holds references of its own.
+static void ReleaseChildren(PyObject** children, Py_ssize_t n) {
+  for (Py_ssize_t i = 0; i < n; ++i) Py_CLEAR(children[i]);
 }
 
 // Marks the registrations of types that one unflatten builds at two places
@@ -48,23 +114,24 @@ class BuiltTwice {
   size_t size_ = 0;
 };
 
-static nb::object MakeNode(const Node& node, nb::object* children) {
+static nb::object MakeNode(const Node& node, PyObject** children) {
   switch (node.kind) {
     case PyTreeKind::kNone: return nb::none();
     case PyTreeKind::kTuple: return TupleOf(children, node.arity);
-    case PyTreeKind::kList: {
-      nb::object list = nb::steal(PyList_New(node.arity));
-      for (Py_ssize_t i = 0; i < node.arity; ++i) {
-        PyList_SET_ITEM(list.ptr(), i, children[i].release().ptr());
-      }
-      return list;
-    }
+    case PyTreeKind::kList: return SequenceOf<NewList>(children, node.arity);
     case PyTreeKind::kDict: {
-      nb::dict dict;
+      // At its final size from the start: grown one insertion at a time, a
+      // dict of n keys is rebuilt about log(n) times on the way.
+      nb::object dict = nb::steal(_PyDict_NewPresized(node.arity));
+      if (!dict.is_valid()) throw nb::python_error();
       for (Py_ssize_t i = 0; i < node.arity; ++i) {
-        dict[node.dict_keys[i]] = children[i];
+        if (PyDict_SetItem(dict.ptr(), node.dict_keys[i].ptr(), children[i]) <
+            0) {
+          throw nb::python_error();
+        }
       }
-      return std::move(dict);
+      ReleaseChildren(children, node.arity);
+      return dict;
     }
     case PyTreeKind::kNamedTuple: {
       nb::object args = TupleOf(children, node.arity);
@@ -82,8 +149,9 @@ static nb::object MakeNode(const Node& node, nb::object* children) {
       const auto& data_fields = node.custom->data_fields;
       const auto& meta_fields = node.custom->meta_fields;
       for (size_t i = 0; i < data_fields.size(); ++i) {
-        kwargs[data_fields[i]] = children[i];
+        kwargs[data_fields[i]] = nb::handle(children[i]);
       }
+      ReleaseChildren(children, node.arity);
       for (size_t i = 0; i < meta_fields.size(); ++i) {
         kwargs[meta_fields[i]] =
             nb::handle(PyTuple_GET_ITEM(node.node_data.ptr(), i));
@@ -109,23 +177,21 @@ namespace {
       "from_node_data_and_children or treedef_tuple before using it.");
 }
 
-// Runs the traversal forwards: `leaf(i)` gives the object of the leaf at
-// position i, `node(n, children)` builds a node from its children. The object
-// built for an opted-in node is remembered in `shared`, by position, and
-// every reference to it gets that same object.
-template <typename LeafFn, typename NodeFn>
-nb::object BuildBottomUp(const Traversal& traversal, LeafFn&& leaf,
+// Runs the traversal forwards: `push_leaves(i, stack)` pushes the object of
+// the leaf at position i (and may push those of the positions after it) and
+// returns the position after the last it pushed; `node(n, children)` builds a
+// node from its children. The object built for an opted-in node is remembered
+// in `shared`, by position, and every reference to it gets that same object.
+template <typename PushLeavesFn, typename NodeFn>
+nb::object BuildBottomUp(const Traversal& traversal, PushLeavesFn&& push_leaves,
                          NodeFn&& node_fn, std::vector<nb::object>& shared) {
-  std::vector<nb::object> agenda;
-  // The stack never holds more than every position: one allocation, where
-  // growing by doubling cost several on the small trees of every call.
-  agenda.reserve(traversal.size());
+  BuildStack stack(traversal.size());
   // `shared` is allocated at the first opted-in node, which comes before any
   // reference to it.
-  for (size_t i = 0; i < traversal.size(); ++i) {
+  for (size_t i = 0; i < traversal.size();) {
     const Node& node = traversal[i];
     if (node.kind == PyTreeKind::kLeaf) {
-      agenda.push_back(leaf(i));
+      i = push_leaves(i, stack);
       continue;
     }
     if (node.is_reference()) {
@@ -135,31 +201,35 @@ nb::object BuildBottomUp(const Traversal& traversal, LeafFn&& leaf,
       const size_t target = i - node.shared_distance;
       JAXLIB_PATCH_EXPECT(target < shared.size() && shared[target].is_valid(),
                           "Reference to a node that was not built");
-      agenda.push_back(shared[target]);
+      stack.Push(shared[target]);
+      ++i;
       continue;
     }
-    JAXLIB_PATCH_EXPECT(static_cast<Py_ssize_t>(agenda.size()) >= node.arity,
+    JAXLIB_PATCH_EXPECT(static_cast<Py_ssize_t>(stack.size()) >= node.arity,
                         "Too few elements for PyTreeDef node");
-    nb::object built =
-        node_fn(node, agenda.data() + agenda.size() - node.arity);
-    agenda.resize(agenda.size() - node.arity);
+    nb::object built = node_fn(node, stack.Top(node.arity));
+    stack.Pop(node.arity);
     if (KeepsIdentity(node.custom)) {
       if (shared.empty()) shared.resize(traversal.size());
       shared[i] = built;
     }
-    agenda.push_back(std::move(built));
+    stack.Push(std::move(built));
+    ++i;
   }
-  JAXLIB_PATCH_EXPECT(agenda.size() == 1,
+  JAXLIB_PATCH_EXPECT(stack.size() == 1,
                       "A validated traversal built other than one root");
-  return std::move(agenda.back());
+  return stack.Pop();
 }
 
-// Hands out the leaves one at a time, as stock jaxlib reads them: a list or
-// tuple by index; any other iterable through its iterator, fetching the next
-// item as soon as one is taken (so an iterator that fails after the last leaf
-// fails before the nodes above that leaf are built). Running out, or having
-// some left at the end, raises ValueError with stock's messages (unflatten's
-// give the counts, walk's do not).
+// Hands out the leaves one at a time, as stock jaxlib reads them: through an
+// iteration that fetches the next item as soon as one is taken (so an
+// iterator that fails after the last leaf fails before the nodes above that
+// leaf are built, and a list that a node's from_iterable shortens or extends
+// is read as its iterator would read it). A list or tuple is read in place, as
+// its own iterator reads it: by index, against its length at each fetch, and
+// over for good once an index is past it. Running out, or having some left at
+// the end, raises ValueError with stock's messages (unflatten's give the
+// counts, walk's do not).
 class LeafReader {
  public:
   LeafReader(nb::handle leaves, Py_ssize_t expected, bool with_counts)
@@ -173,12 +243,6 @@ class LeafReader {
   }
 
   nb::object Next() {
-    if (sequence_.is_valid()) {
-      if (read_ < PySequence_Fast_GET_SIZE(sequence_.ptr())) {
-        return nb::borrow(PySequence_Fast_GET_ITEM(sequence_.ptr(), read_++));
-      }
-      ThrowTooFew();
-    }
     if (!fetched_) Fetch();
     if (!pending_.is_valid()) ThrowTooFew();
     nb::object leaf = std::move(pending_);
@@ -187,15 +251,51 @@ class LeafReader {
     return leaf;
   }
 
-  void CheckExhausted() {
-    bool more;
-    if (sequence_.is_valid()) {
-      more = read_ < PySequence_Fast_GET_SIZE(sequence_.ptr());
-    } else {
-      if (!fetched_) Fetch();
-      more = pending_.is_valid();
+  // Pushes the leaf at position `i` of `traversal` and, from a list or tuple,
+  // the leaves and None nodes that follow it there up to the next other
+  // node; returns the position after the last one pushed. A run is most of
+  // the positions of most trees (a list of arrays, a layer's weights), and
+  // no Python code runs while one is read, so its items are read in place.
+  size_t PushRun(const Traversal& traversal, size_t i, BuildStack& stack) {
+    if (!sequence_.is_valid()) {
+      stack.Push(Next());
+      return i + 1;
     }
-    if (more) {
+    if (!fetched_) Fetch();
+    PyObject* const* items = PySequence_Fast_ITEMS(sequence_.ptr());
+    const Py_ssize_t size = PySequence_Fast_GET_SIZE(sequence_.ptr());
+    // The loop holds the pending item in a register: it throws nothing and
+    // runs no Python code, and hands everything back to the members after.
+    PyObject* pending = pending_.release().ptr();
+    Py_ssize_t next_index = next_index_;
+    Py_ssize_t read = read_;
+    PyObject** end = stack.End();
+    const Node* const nodes = traversal.data();
+    const size_t num_nodes = traversal.size();
+    for (; i < num_nodes; ++i) {
+      const Node& node = nodes[i];
+      if (node.kind == PyTreeKind::kLeaf) {
+        if (pending == nullptr) break;
+        *end++ = pending;
+        ++read;
+        pending = next_index < size ? Py_NewRef(items[next_index++]) : nullptr;
+      } else if (node.kind == PyTreeKind::kNone && !node.is_reference()) {
+        *end++ = Py_NewRef(Py_None);
+      } else {
+        break;
+      }
+    }
+    stack.ExtendTo(end);
+    pending_ = nb::steal(pending);
+    next_index_ = next_index;
+    read_ = read;
+    if (i < num_nodes && nodes[i].kind == PyTreeKind::kLeaf) ThrowTooFew();
+    return i;
+  }
+
+  void CheckExhausted() {
+    if (!fetched_) Fetch();
+    if (pending_.is_valid()) {
       throw nb::value_error(with_counts_
                                 ? ("Too many leaves for PyTreeDef; expected " +
                                    std::to_string(expected_) + ".")
@@ -205,8 +305,17 @@ class LeafReader {
   }
 
  private:
+  // Called once at first and then only after a leaf is taken, so that a
+  // fetch that finds nothing ends the reading.
   void Fetch() {
     fetched_ = true;
+    if (sequence_.is_valid()) {
+      if (next_index_ < PySequence_Fast_GET_SIZE(sequence_.ptr())) {
+        pending_ = nb::borrow(
+            PySequence_Fast_GET_ITEM(sequence_.ptr(), next_index_++));
+      }
+      return;
+    }
     pending_ = nb::steal(PyIter_Next(iterator_.ptr()));
     if (!pending_.is_valid() && PyErr_Occurred()) throw nb::python_error();
   }
@@ -221,8 +330,9 @@ class LeafReader {
   }
 
   nb::object sequence_, iterator_;
-  nb::object pending_;  // The iterator's next item, once fetched.
+  nb::object pending_;  // The next item, once fetched; null once none is.
   bool fetched_ = false;
+  Py_ssize_t next_index_ = 0;  // A list's or tuple's, of the next fetch.
   Py_ssize_t read_ = 0;
   const Py_ssize_t expected_;
   const bool with_counts_;
@@ -236,8 +346,11 @@ nb::object PyTreeDef::Unflatten(nb::iterable leaves) const {
   std::vector<nb::object> built;
   BuiltTwice built_twice;
   nb::object tree = BuildBottomUp(
-      traversal_, [&](size_t) { return reader.Next(); },
-      [&](const Node& node, nb::object* children) {
+      traversal_,
+      [&](size_t i, BuildStack& stack) {
+        return reader.PushRun(traversal_, i, stack);
+      },
+      [&](const Node& node, PyObject** children) {
         if (node.custom != nullptr) built_twice.Note(node.custom);
         return MakeNode(node, children);
       },
@@ -268,8 +381,12 @@ nb::object PyTreeDef::Walk(const nb::callable& f_node, nb::handle f_leaf,
   LeafReader reader(leaves, num_leaves(), /*with_counts=*/false);
   std::vector<nb::object> built;
   nb::object tree = BuildBottomUp(
-      traversal_, [&](size_t) { return f_leaf(reader.Next()); },
-      [&](const Node& node, nb::object* children) {
+      traversal_,
+      [&](size_t i, BuildStack& stack) {
+        stack.Push(f_leaf(reader.Next()));
+        return i + 1;
+      },
+      [&](const Node& node, PyObject** children) {
         nb::object tuple = TupleOf(children, node.arity);
         return f_node(tuple, ExportedNodeData(node));
       },
@@ -299,8 +416,12 @@ nb::object PyTreeDef::FromIterableTree(nb::handle tree) const {
   }
   std::vector<nb::object> built;
   return BuildBottomUp(
-      traversal_, [&](size_t i) { return std::move(at[i]); },
-      [](const Node& node, nb::object* children) {
+      traversal_,
+      [&](size_t i, BuildStack& stack) {
+        stack.Push(std::move(at[i]));
+        return i + 1;
+      },
+      [](const Node& node, PyObject** children) {
         return MakeNode(node, children);
       },
       built);

@@ -348,3 +348,100 @@ def test_dict_keys(keys, flavour, other_keys):
         "serialize_using_proto",
         lambda side: treedef_of(side, flavour, tree).serialize_using_proto(),
     )
+
+
+class Mutator:
+  """A custom node whose from_iterable mutates the list of leaves that
+  unflatten is reading (the next of MUTATIONS["ops"])."""
+
+  def __init__(self, children):
+    self.children = children
+
+
+MUTATIONS = {"leaves": None, "ops": iter(())}
+EXTRA_LEAVES = leaf_pool(3)
+LIST_MUTATIONS = {
+    "nothing": lambda leaves: None,
+    "append": lambda leaves: leaves.append(EXTRA_LEAVES[0]),
+    "pop": lambda leaves: leaves and leaves.pop(),
+    "pop first": lambda leaves: leaves and leaves.pop(0),
+    "insert first": lambda leaves: leaves.insert(0, EXTRA_LEAVES[1]),
+    "clear": lambda leaves: leaves.clear(),
+    "extend": lambda leaves: leaves.extend(EXTRA_LEAVES),
+}
+
+
+def _mutating_unflatten(_aux, children):
+  LIST_MUTATIONS[next(MUTATIONS["ops"], "nothing")](MUTATIONS["leaves"])
+  return Mutator(list(children))
+
+
+MUTATOR_REGISTRIES = {}
+for _side in (S.STOCK, S.OURS):
+  MUTATOR_REGISTRIES[_side.name] = _side.mod.PyTreeRegistry()
+  MUTATOR_REGISTRIES[_side.name].register_node(
+      Mutator, lambda m: (m.children, None), _mutating_unflatten
+  )
+
+_mutator_trees = st.recursive(
+    st.sampled_from(["leaf", None]),
+    lambda kids: st.one_of(
+        st.lists(kids, max_size=4),
+        st.lists(kids, max_size=3).map(tuple),
+        st.lists(kids, max_size=3).map(Mutator),
+    ),
+    max_leaves=12,
+)
+
+
+def _fill(tree, pool):
+  """``tree`` with its "leaf" markers replaced by the leaves of ``pool``."""
+  if tree == "leaf":
+    return next(pool)
+  if isinstance(tree, Mutator):
+    return Mutator([_fill(c, pool) for c in tree.children])
+  if isinstance(tree, (list, tuple)):
+    return type(tree)(_fill(c, pool) for c in tree)
+  return tree
+
+
+def _built(x):
+  """What unflatten built, with the Mutator nodes made comparable."""
+  if isinstance(x, Mutator):
+    return ("Mutator", _built(x.children))
+  if isinstance(x, (list, tuple)):
+    return (type(x).__name__,) + tuple(_built(c) for c in x)
+  return x
+
+
+@PROPERTY
+@given(
+    tree=_mutator_trees,
+    ops=st.lists(st.sampled_from(sorted(LIST_MUTATIONS)), max_size=4),
+    delta=st.sampled_from([0, 0, -1, 1]),
+)
+def test_unflatten_while_from_iterable_mutates_the_leaves(tree, ops, delta):
+  """unflatten of a list of leaves that the nodes' from_iterable mutates as
+  they are built (the leaves after a node are read after it is built): the
+  same tree, with the same leaves at the same places, or the same error."""
+  n = sum(1 for _ in _leaf_markers(tree))
+  pool = leaf_pool(n + delta)
+
+  def op(side):
+    registry = MUTATOR_REGISTRIES[side.name]
+    _, treedef = registry.flatten(_fill(tree, iter(leaf_pool(n))))
+    leaves = list(pool)
+    MUTATIONS["leaves"], MUTATIONS["ops"] = leaves, iter(ops)
+    return _built(treedef.unflatten(leaves))
+
+  both("unflatten while from_iterable mutates the leaves", op)
+
+
+def _leaf_markers(tree):
+  if tree == "leaf":
+    yield tree
+  elif isinstance(tree, Mutator):
+    yield from _leaf_markers(tree.children)
+  elif isinstance(tree, (list, tuple)):
+    for c in tree:
+      yield from _leaf_markers(c)
