@@ -189,16 +189,19 @@ class Flattener {
     return repeats_;
   }
 
+  // Leaves mostly come in runs of one type (a list of arrays or of floats):
+  // a leaf of the type of the last one needs neither the registry's lookup
+  // nor the iterable check, which depend on its type alone, nor a call.
   void Flatten(nb::handle obj) {
-    // Leaves mostly come in runs of one type (a list of arrays or of
-    // floats): a leaf of the type of the last one needs neither the
-    // registry's lookup nor the iterable check, which depend on its type
-    // alone.
-    PyTypeObject* type = Py_TYPE(obj.ptr());
-    if (type == last_leaf_type_ && !leaf_predicate_) {
+    if (Py_TYPE(obj.ptr()) == last_leaf_type_) {
       AddLeaf(obj);
-      return;
+    } else {
+      FlattenAny(obj);
     }
+  }
+
+  [[gnu::noinline]] void FlattenAny(nb::handle obj) {
+    PyTypeObject* type = Py_TYPE(obj.ptr());
     // No guard yet: a leaf does not recurse, and a predicate is a Python
     // call, which Python bounds itself.
     if (leaf_predicate_ && IsLeafByPredicate(obj)) {
@@ -221,7 +224,9 @@ class Flattener {
     }
     if (node.kind == PyTreeKind::kLeaf) {
       // A deprecated iterable warns at every occurrence, as in stock.
-      if (!WarnIfIterableLeaf(obj)) last_leaf_type_ = type;
+      if (!WarnIfIterableLeaf(obj) && !leaf_predicate_) {
+        last_leaf_type_ = type;
+      }
       AddLeaf(obj);
       return;
     }
@@ -309,8 +314,12 @@ class Flattener {
     // Size re-read each step: a flatten function further down may mutate
     // a list we are walking.
     for (; node.arity < PySequence_Fast_GET_SIZE(obj.ptr()); ++node.arity) {
-      nb::object child =
-          nb::borrow(PySequence_Fast_GET_ITEM(obj.ptr(), node.arity));
+      PyObject* item = PySequence_Fast_GET_ITEM(obj.ptr(), node.arity);
+      if (!kWithPath && Py_TYPE(item) == last_leaf_type_) {
+        AddLeaf(item);  // Runs no Python code: the item needs no holding.
+        continue;
+      }
+      nb::object child = nb::borrow(item);
       if constexpr (kWithPath) {
         if (node.kind == PyTreeKind::kNamedTuple) {
           FlattenChild(child, FieldKey(fields, node.arity));
@@ -466,7 +475,8 @@ class Flattener {
   nb::object inherited_tie_;            // See inherited_tie().
   const PyTreeRegistry::Registration* inherited_tie_registration_ = nullptr;
   // The type of the last leaf that took the whole way (see Flatten); the
-  // registry's registrations are not expected to change mid-flatten.
+  // registry's registrations are not expected to change mid-flatten. Never
+  // set while a leaf predicate is given: that sees every object.
   PyTypeObject* last_leaf_type_ = nullptr;
   // The last node type met, and how it flattens.
   PyTypeObject* last_node_type_ = nullptr;
