@@ -230,6 +230,13 @@ class Flattener {
       AddLeaf(obj);
       return;
     }
+    if (node.kind == PyTreeKind::kNone) {
+      // No children and no identity: made in place, as a leaf's node is.
+      Node& none = traversal_.emplace_back();
+      none.kind = PyTreeKind::kNone;
+      none.num_nodes = 1;
+      return;
+    }
     RecursionGuard guard(" in flatten", stack_limit_);
     IdentityScope* scope = nullptr;  // Set for an opted-in node.
     size_t identity_slot = 0;
