@@ -26,6 +26,7 @@ docs/benchmarks/) are prose, written by hand.
 
 import argparse
 import json
+import math
 import pathlib
 import re
 import sys
@@ -33,6 +34,7 @@ import sys
 import doc_cxx_sizes
 import doc_series_sizes
 import result_tables
+from count_instructions import GRID_CELL_TARGET, GRID_GEOMEAN_TARGET
 from count_jit_instructions import CASES as COUNT_JIT_CASES
 from md_table import table
 
@@ -122,6 +124,67 @@ def count_jit_table(data):
       "less the allocators: patched/stock",
   )
   return table(header, rows)
+
+
+# --------------------------------------------------------------------------
+# count_instructions.py --json: the plain-tree grid
+
+GRID_SIZES = (10, 100, 1_000, 10_000, 100_000)
+
+
+def grid_plain_cells(data):
+  """The grid's cells of plain trees (not the four trees, not opted in)."""
+  return [
+      c
+      for c in data["cells"]
+      if c["library"] == "ours" and not c["workload"].startswith("(")
+  ]
+
+
+def grid_size(workload):
+  """The grid size a workload stands for: the nearest power of ten to the
+  first number of its label (5 custom pairs, 9 namedtuple leaves: 10)."""
+  n = int(re.search(r"\d+", workload).group())
+  return min(GRID_SIZES, key=lambda size: abs(math.log(n / size)))
+
+
+def geomean(ratios):
+  return math.exp(sum(map(math.log, ratios)) / len(ratios))
+
+
+def count_grid_table(data):
+  cells = grid_plain_cells(data)
+  groups = {}
+  for size in GRID_SIZES:
+    groups[f"{size:,} leaves"] = [
+        c for c in cells if grid_size(c["workload"]) == size
+    ]
+  for op in dict.fromkeys(c["op"] for c in cells):
+    groups[f"`{op}`, all sizes"] = [c for c in cells if c["op"] == op]
+  groups["**all**"] = cells
+  rows = []
+  for name, group in groups.items():
+    worst = max(group, key=lambda c: c["ratio"])
+    rows.append(
+        (
+            f"{name} ({len(group)} cells)",
+            f"{geomean([c['ratio'] for c in group]):.3f}x",
+            f"{worst['ratio']:.3f}x (`{worst['op']}` of {worst['workload']})",
+        )
+    )
+  return table(("cells", "geometric mean", "worst"), rows)
+
+
+def count_grid_verdict(data):
+  ratios = [c["ratio"] for c in grid_plain_cells(data)]
+  met = geomean(ratios) <= GRID_GEOMEAN_TARGET and max(ratios) <= (
+      GRID_CELL_TARGET
+  )
+  return (
+      f"{'met' if met else 'missed'}: geometric mean {geomean(ratios):.3f}x "
+      f"(at most {GRID_GEOMEAN_TARGET:.2f}x), worst cell {max(ratios):.3f}x "
+      f"(at most {GRID_CELL_TARGET:.2f}x), over {len(ratios)} plain cells"
+  )
 
 
 # --------------------------------------------------------------------------
@@ -293,6 +356,8 @@ RENDERERS = {
     "nnx-jit-table": nnx_jit_table,
     "nnx-jit-ratios": nnx_jit_ratios,
     "count-jit-table": count_jit_table,
+    "count-grid-table": count_grid_table,
+    "count-grid-verdict": count_grid_verdict,
     "jit-table": jit_table,
     "jit-compile-table": jit_compile_table,
     "jit-first-calls": jit_first_calls,

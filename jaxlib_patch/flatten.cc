@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "jaxlib_patch/flatten_common.h"
 #include "jaxlib_patch/identity_scope.h"
@@ -12,6 +13,7 @@
 #include "jaxlib_patch/leaf_collector.h"
 #include "jaxlib_patch/pytree.h"
 #include "jaxlib_patch/recursion_guard.h"
+#include "jaxlib_patch/spare_lease.h"
 
 namespace jaxlib_patch {
 
@@ -145,6 +147,15 @@ nb::object MetaFields(nb::handle obj,
 }
 
 namespace {
+
+// The children of custom nodes, taken from their iterators and waiting to be
+// flattened (FlattenCustom).
+struct PendingChildren {
+  std::vector<nb::object> children;
+  void Clear() { children.clear(); }
+  // Past 4,096 (32 KiB), freed rather than kept for the thread's lifetime.
+  bool KeepAsSpare() const { return children.capacity() <= 4096; }
+};
 
 template <bool kWithPath>
 class Flattener {
@@ -370,18 +381,19 @@ class Flattener {
     node.node_data = std::move(aux);
     // All children are taken before any is flattened, as stock does: a
     // failing iterator fails before any callback on its first items.
-    // They wait in `pending_`, one buffer for the whole flatten, which
-    // spares an allocation per node.
-    const size_t first = pending_.size();
+    // They wait in `pending`, one buffer for the whole flatten (the
+    // thread's spare), which spares an allocation per node and per flatten.
+    std::vector<nb::object>& pending = pending_.Get().children;
+    const size_t first = pending.size();
     ForEach(iterator, [&](nb::object child) {
       if (with_keys) CheckKeyChildPair(child);
-      pending_.push_back(std::move(child));
+      pending.push_back(std::move(child));
     });
-    const size_t end = pending_.size();
+    const size_t end = pending.size();
     ReserveForChildren(end - first);
     for (size_t k = first; k < end; ++k) {
-      // A copy: the recursion may grow `pending_` and move its items.
-      const nb::object child = pending_[k];
+      // A copy: the recursion may grow `pending` and move its items.
+      const nb::object child = pending[k];
       if constexpr (kWithPath) {
         if (with_keys) {
           FlattenChild(nb::borrow(PyTuple_GET_ITEM(child.ptr(), 1)),
@@ -394,7 +406,7 @@ class Flattener {
       }
       ++node.arity;
     }
-    pending_.resize(first);
+    pending.resize(first);
   }
 
   void FlattenDataclass(nb::handle obj, Node& node) {
@@ -474,9 +486,9 @@ class Flattener {
   Traversal& traversal_;
   LeafCollector& leaves_;
   std::vector<PyTreeDef::WrittenOutTie>& written_out_ties_;
-  std::vector<nb::object> path_;     // Keys from the root; flatten_with_path.
-  std::vector<nb::object> pending_;  // Children of custom nodes, in waiting.
-  IdentityScopeLease scope_;         // Taken at the first opted-in node.
+  std::vector<nb::object> path_;  // Keys from the root; flatten_with_path.
+  SpareLease<PendingChildren> pending_;  // Taken at the first custom node.
+  IdentityScopeLease scope_;             // Taken at the first opted-in node.
   const uintptr_t stack_limit_ = RecursionGuard::StackLimit();
   Repeats repeats_ = Repeats::kUnread;  // See RepeatsNow.
   nb::object inherited_tie_;            // See inherited_tie().
