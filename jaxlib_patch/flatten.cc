@@ -71,6 +71,17 @@ bool PredicateSaysLeaf(nb::handle result) {
 
 }  // namespace
 
+nb::object ToIterable(const PyTreeRegistry::Registration& registration,
+                      nb::handle obj, bool with_keys) {
+  PyObject* result =
+      PyObject_CallOneArg((with_keys ? registration.to_iterable_with_keys
+                                     : registration.to_iterable)
+                              .ptr(),
+                          obj.ptr());
+  if (result == nullptr) throw nb::python_error();
+  return nb::steal(result);
+}
+
 // Unpacks what a custom node's to_iterable returned: (children, aux_data).
 std::pair<nb::object, nb::object> UnpackChildrenAndAux(nb::handle result,
                                                        bool with_keys) {
@@ -375,8 +386,7 @@ class Flattener {
   void FlattenCustom(nb::handle obj, Node& node) {
     const bool with_keys =
         kWithPath && !node.custom->to_iterable_with_keys.is_none();
-    nb::object result = with_keys ? node.custom->to_iterable_with_keys(obj)
-                                  : node.custom->to_iterable(obj);
+    nb::object result = ToIterable(*node.custom, obj, with_keys);
     auto [iterator, aux] = UnpackChildrenAndAux(result, with_keys);
     node.node_data = std::move(aux);
     // All children are taken before any is flattened, as stock does: a

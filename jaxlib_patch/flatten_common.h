@@ -11,6 +11,12 @@
 
 namespace jaxlib_patch {
 
+// What a custom node's to_iterable (or, `with_keys`, to_iterable_with_keys)
+// returns for `obj`. Called directly: nanobind's call would hold and release
+// the argument and check the result once more, on every custom node.
+nb::object ToIterable(const PyTreeRegistry::Registration& registration,
+                      nb::handle obj, bool with_keys);
+
 // Unpacks what a custom node's to_iterable (or, `with_keys`,
 // to_iterable_with_keys) returned: (iterator over the children, aux_data).
 std::pair<nb::object, nb::object> UnpackChildrenAndAux(nb::handle result,

@@ -62,7 +62,7 @@ nb::object FlattenOneLevelImpl(const PyTreeRegistry& registry,
     case PyTreeKind::kCustom: {
       if (kWithKeys && !custom->to_iterable_with_keys.is_none()) {
         auto [iterator, aux] =
-            UnpackChildrenAndAux(custom->to_iterable_with_keys(tree), true);
+            UnpackChildrenAndAux(ToIterable(*custom, tree, true), true);
         nb::list pairs;
         ForEach(iterator, [&](nb::object pair) {
           CheckKeyChildPair(pair);
@@ -70,7 +70,7 @@ nb::object FlattenOneLevelImpl(const PyTreeRegistry& registry,
         });
         return nb::make_tuple(pairs, aux);
       }
-      nb::object result = custom->to_iterable(tree);
+      nb::object result = ToIterable(*custom, tree, false);
       if constexpr (kWithKeys) {
         auto [children, aux] = UnpackChildrenAndAux(result, false);
         return nb::make_tuple(PairsWithKeys(children, MakeFlattenedIndexKey),

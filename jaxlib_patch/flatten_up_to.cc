@@ -300,7 +300,7 @@ Py_ssize_t TakeCustom(const PyTreeRegistry& registry, const Node& node,
     }
   } else {
     auto [iterator, aux] =
-        UnpackChildrenAndAux(custom->to_iterable(object), false);
+        UnpackChildrenAndAux(ToIterable(*custom, object, false), false);
     node_data = std::move(aux);
     ForEach(iterator, [&](nb::object child) { agenda.Push(std::move(child)); });
   }

@@ -142,7 +142,13 @@ static nb::object MakeNode(const Node& node, PyObject** children) {
     }
     case PyTreeKind::kCustom: {
       nb::object args = TupleOf(children, node.arity);
-      return node.custom->from_iterable(node.node_data, args);
+      // Called directly: nanobind's call would hold and release each
+      // argument and check the result once more, on every custom node.
+      PyObject* call_args[] = {node.node_data.ptr(), args.ptr()};
+      PyObject* result = PyObject_Vectorcall(node.custom->from_iterable.ptr(),
+                                             call_args, 2, nullptr);
+      if (result == nullptr) throw nb::python_error();
+      return nb::steal(result);
     }
     case PyTreeKind::kDataclass: {
       nb::dict kwargs;
