@@ -175,6 +175,33 @@ def count_grid_table(data):
   return table(("cells", "geometric mean", "worst"), rows)
 
 
+def count_four_trees_table(data):
+  """The four trees, as ours and opted in, against stock, per op."""
+  cells = {
+      (c["workload"].removesuffix(" (opted in)"), c["op"], c["library"]): c
+      for c in data["cells"]
+      if c["workload"].startswith("(")
+  }
+  rows = []
+  for (workload, op, library), c in cells.items():
+    if library != "ours":
+      continue
+    opted = cells[workload, op, "opt-in"]
+    rows.append(
+        (
+            workload,
+            f"`{op}`",
+            count(c["stock"]),
+            count(c["ours"]),
+            f"{c['ratio']:.2f}x",
+            count(opted["ours"]),
+            f"{opted['ratio']:.2f}x",
+        )
+    )
+  header = ("tree", "op", "stock", "ours", "ours/stock", "opted in")
+  return table(header + ("opted in/stock",), rows)
+
+
 def count_grid_verdict(data):
   ratios = [c["ratio"] for c in grid_plain_cells(data)]
   met = geomean(ratios) <= GRID_GEOMEAN_TARGET and max(ratios) <= (
@@ -358,6 +385,7 @@ RENDERERS = {
     "count-jit-table": count_jit_table,
     "count-grid-table": count_grid_table,
     "count-grid-verdict": count_grid_verdict,
+    "count-four-trees-table": count_four_trees_table,
     "jit-table": jit_table,
     "jit-compile-table": jit_compile_table,
     "jit-first-calls": jit_first_calls,

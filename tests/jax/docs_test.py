@@ -53,6 +53,7 @@ PARTS = {
     "docs/benchmarks.md": (
         "docs/benchmarks.md",
         "docs/benchmarks/how-each-benchmark-measures.md",
+        "docs/benchmarks/history-2026-12-07.md",
         "docs/benchmarks/history-2026-12-06.md",
         "docs/benchmarks/history-2026-12-04.md",
         "docs/benchmarks/history-2026-12-02-to-12-03.md",
