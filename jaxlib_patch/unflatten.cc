@@ -268,34 +268,42 @@ class LeafReader {
       return i + 1;
     }
     if (!fetched_) Fetch();
-    PyObject* const* items = PySequence_Fast_ITEMS(sequence_.ptr());
-    const Py_ssize_t size = PySequence_Fast_GET_SIZE(sequence_.ptr());
-    // The loop holds the pending item in a register: it throws nothing and
-    // runs no Python code, and hands everything back to the members after.
-    PyObject* pending = pending_.release().ptr();
-    Py_ssize_t next_index = next_index_;
-    Py_ssize_t read = read_;
-    PyObject** end = stack.End();
-    const Node* const nodes = traversal.data();
-    const size_t num_nodes = traversal.size();
-    for (; i < num_nodes; ++i) {
-      const Node& node = nodes[i];
-      if (node.kind == PyTreeKind::kLeaf) {
-        if (pending == nullptr) break;
-        *end++ = pending;
-        ++read;
-        pending = next_index < size ? Py_NewRef(items[next_index++]) : nullptr;
-      } else if (node.kind == PyTreeKind::kNone && !node.is_reference()) {
-        *end++ = Py_NewRef(Py_None);
-      } else {
-        break;
+    {
+      // Under the list's lock on the free-threaded build, as its iterator
+      // reads it; nothing in the loop can block or run Python code.
+      nb::ft_object_guard guard(sequence_);
+      PyObject* const* items = PySequence_Fast_ITEMS(sequence_.ptr());
+      const Py_ssize_t size = PySequence_Fast_GET_SIZE(sequence_.ptr());
+      // The loop holds the pending item in a register: it throws nothing,
+      // and hands everything back to the members after.
+      PyObject* pending = pending_.release().ptr();
+      Py_ssize_t next_index = next_index_;
+      Py_ssize_t read = read_;
+      PyObject** end = stack.End();
+      const Node* const nodes = traversal.data();
+      const size_t num_nodes = traversal.size();
+      for (; i < num_nodes; ++i) {
+        const Node& node = nodes[i];
+        if (node.kind == PyTreeKind::kLeaf) {
+          if (pending == nullptr) break;
+          *end++ = pending;
+          ++read;
+          pending =
+              next_index < size ? Py_NewRef(items[next_index++]) : nullptr;
+        } else if (node.kind == PyTreeKind::kNone && !node.is_reference()) {
+          *end++ = Py_NewRef(Py_None);
+        } else {
+          break;
+        }
       }
+      stack.ExtendTo(end);
+      pending_ = nb::steal(pending);
+      next_index_ = next_index;
+      read_ = read;
     }
-    stack.ExtendTo(end);
-    pending_ = nb::steal(pending);
-    next_index_ = next_index;
-    read_ = read;
-    if (i < num_nodes && nodes[i].kind == PyTreeKind::kLeaf) ThrowTooFew();
+    if (i < traversal.size() && traversal[i].kind == PyTreeKind::kLeaf) {
+      ThrowTooFew();
+    }
     return i;
   }
 
@@ -316,6 +324,7 @@ class LeafReader {
   void Fetch() {
     fetched_ = true;
     if (sequence_.is_valid()) {
+      nb::ft_object_guard guard(sequence_);
       if (next_index_ < PySequence_Fast_GET_SIZE(sequence_.ptr())) {
         pending_ = nb::borrow(
             PySequence_Fast_GET_ITEM(sequence_.ptr(), next_index_++));
