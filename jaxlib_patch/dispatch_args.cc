@@ -4,6 +4,12 @@
 // compares sharing too), so the dispatch's cache is keyed on the sharing.
 // `args` and `kwargs` are the call's own arguments, static ones included, for
 // the slow path.
+//
+// The dispatch reads `leaves` and `treedef` at every call, so they are found
+// by the interned names' addresses before the generic lookup (about 140
+// instructions a read); a call without keyword arguments makes its `kwargs`
+// dict only if something reads it (the slow path, `disable_jit`, the NaN
+// check), which a cached call never does.
 
 #include <Python.h>
 #include <structmember.h>
@@ -23,10 +29,13 @@ struct DispatchArgsObject {
   PyObject_HEAD nb::object leaves;
   nb::object treedef;
   nb::object args;
-  nb::object kwargs;
+  nb::object kwargs;  // Null for a call without keyword arguments, until read.
 };
 
 PyTypeObject* dispatch_args_type = nullptr;
+// The interned names of the two fields the stock dispatch reads.
+PyObject* leaves_name = nullptr;
+PyObject* treedef_name = nullptr;
 
 void DispatchArgsDealloc(PyObject* self) {
   PyTypeObject* type = Py_TYPE(self);
@@ -70,7 +79,7 @@ PyObject* DispatchArgsNew(PyTypeObject*, PyObject* args, PyObject* kwargs) {
     return MakeDispatchArgs(
                nb::borrow(leaves), nb::borrow(treedef),
                call_args ? nb::borrow(call_args) : nb::object(nb::tuple()),
-               call_kwargs ? nb::borrow(call_kwargs) : nb::object(nb::dict()))
+               call_kwargs ? nb::borrow(call_kwargs) : nb::object())
         .release()
         .ptr();
   } catch (...) {
@@ -78,6 +87,35 @@ PyObject* DispatchArgsNew(PyTypeObject*, PyObject* args, PyObject* kwargs) {
     return nullptr;
   }
 }
+
+PyObject* DispatchArgsGetAttr(PyObject* self, PyObject* name) {
+  auto* o = reinterpret_cast<DispatchArgsObject*>(self);
+  // Null only after tp_clear: the generic lookup then raises AttributeError.
+  if (name == leaves_name && o->leaves.is_valid()) {
+    return Py_NewRef(o->leaves.ptr());
+  }
+  if (name == treedef_name && o->treedef.is_valid()) {
+    return Py_NewRef(o->treedef.ptr());
+  }
+  return PyObject_GenericGetAttr(self, name);
+}
+
+// `kwargs`: one dict, made at the first read if the call had no keyword
+// arguments.
+PyObject* DispatchArgsKwargs(PyObject* self, void*) {
+  auto* o = reinterpret_cast<DispatchArgsObject*>(self);
+  nb::ft_object_guard guard{nb::handle(self)};
+  if (!o->kwargs.is_valid()) {
+    PyObject* kwargs = PyDict_New();
+    if (kwargs == nullptr) return nullptr;
+    o->kwargs = nb::steal(kwargs);
+  }
+  return Py_NewRef(o->kwargs.ptr());
+}
+
+PyGetSetDef dispatch_args_getset[] = {
+    {"kwargs", DispatchArgsKwargs, nullptr, nullptr, nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
 
 #define JAXLIB_PATCH_MEMBER(field)                                         \
   {#field, T_OBJECT_EX,                                                    \
@@ -87,7 +125,6 @@ PyObject* DispatchArgsNew(PyTypeObject*, PyObject* args, PyObject* kwargs) {
 PyMemberDef dispatch_args_members[] = {JAXLIB_PATCH_MEMBER(leaves),
                                        JAXLIB_PATCH_MEMBER(treedef),
                                        JAXLIB_PATCH_MEMBER(args),
-                                       JAXLIB_PATCH_MEMBER(kwargs),
                                        {nullptr, 0, 0, 0, nullptr}};
 
 PyType_Slot dispatch_args_slots[] = {
@@ -102,6 +139,8 @@ PyType_Slot dispatch_args_slots[] = {
     {Py_tp_traverse, reinterpret_cast<void*>(DispatchArgsTraverse)},
     {Py_tp_clear, reinterpret_cast<void*>(DispatchArgsClear)},
     {Py_tp_members, dispatch_args_members},
+    {Py_tp_getset, dispatch_args_getset},
+    {Py_tp_getattro, reinterpret_cast<void*>(DispatchArgsGetAttr)},
     {0, nullptr}};
 
 PyType_Spec dispatch_args_spec = {
@@ -127,6 +166,11 @@ void BindDispatchArgs(nb::module_& m) {
   dispatch_args_type =
       reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&dispatch_args_spec));
   if (dispatch_args_type == nullptr) throw nb::python_error();
+  leaves_name = PyUnicode_InternFromString("leaves");
+  treedef_name = PyUnicode_InternFromString("treedef");
+  if (leaves_name == nullptr || treedef_name == nullptr) {
+    throw nb::python_error();
+  }
   m.attr("DispatchArgs") =
       nb::borrow(reinterpret_cast<PyObject*>(dispatch_args_type));
 }

@@ -218,6 +218,15 @@ bool LeafDispatchTakes(JitFunctionObject* self, PyObject* const* args,
   return true;
 }
 
+// The dict flattened as the keyword arguments of a call without any: one
+// empty dict for all such calls, never handed out nor written to, so that a
+// cached call makes none (the treedef keeps no reference to a dict).
+PyObject* NoKeywordArguments() {
+  static PyObject* const empty = PyDict_New();
+  if (empty == nullptr) throw nb::python_error();
+  return empty;
+}
+
 // The static argnums of the dispatch that takes a DispatchArgs: a call
 // gives it the DispatchArgs first, then its static positional arguments in
 // their order, at most one per index in `static_argnums`.
@@ -236,11 +245,16 @@ nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
   for (Py_ssize_t i = 0; i < nargs; ++i) {
     PyTuple_SET_ITEM(call_args.ptr(), i, Py_NewRef(args[i]));
   }
-  nb::dict call_kwargs;
-  for (Py_ssize_t k = 0; k < nkwargs; ++k) {
-    if (PyDict_SetItem(call_kwargs.ptr(), PyTuple_GET_ITEM(kwnames, k),
-                       args[nargs + k]) < 0) {
-      throw nb::python_error();
+  // Null without keyword arguments: the DispatchArgs makes the dict if read.
+  nb::object call_kwargs;
+  if (nkwargs > 0) {
+    call_kwargs = nb::steal(PyDict_New());
+    if (!call_kwargs.is_valid()) throw nb::python_error();
+    for (Py_ssize_t k = 0; k < nkwargs; ++k) {
+      if (PyDict_SetItem(call_kwargs.ptr(), PyTuple_GET_ITEM(kwnames, k),
+                         args[nargs + k]) < 0) {
+        throw nb::python_error();
+      }
     }
   }
 
@@ -274,7 +288,8 @@ nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
       }
     }
   }
-  nb::object dynamic_kwargs = call_kwargs;
+  nb::object dynamic_kwargs =
+      nkwargs > 0 ? call_kwargs : nb::borrow(NoKeywordArguments());
   nb::object static_kwnames;
   if (nkwargs > 0 && PyTuple_GET_SIZE(self->static_argnames.ptr()) > 0) {
     Py_ssize_t num_static_kwargs = 0;

@@ -166,7 +166,8 @@ nb::tuple PositionalStatics(Py_ssize_t num_args,
 // Adds the DispatchArgs type to the module.
 void BindDispatchArgs(nb::module_& m);
 // A new DispatchArgs: the leaves and treedef of one flatten of a call's
-// dynamic arguments, and the call's own arguments.
+// dynamic arguments, and the call's own arguments (`kwargs` null if it had no
+// keyword arguments: a dict is made if read).
 nb::object MakeDispatchArgs(nb::object leaves, nb::object treedef,
                             nb::object args, nb::object kwargs);
 
