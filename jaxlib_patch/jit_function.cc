@@ -9,11 +9,13 @@
 // identity scope), and calls the dispatch with one `DispatchArgs` followed by
 // the static arguments, all in C++ (no Python frame). A call whose dynamic
 // arguments hold nothing that could be shared (`f(x)` on arrays, the common
-// call, but also None, builtin containers and dataclasses not opted in, with
-// at most one keyword argument: LeafDispatchTakes) goes as it is to a second
-// stock dispatch, built with the user's own static arguments, so that it
-// costs what stock's call costs. Which of the two a call takes is fixed by its
-// signature, so each signature is cached in one of them only. Its `repr`,
+// call, but also None, builtin containers and dataclasses not opted in, and
+// any tree while no class is opted in at all, with at most one keyword
+// argument: LeafDispatchTakes) goes as it is to a second stock dispatch, built
+// with the user's own static arguments, so that it costs what stock's call
+// costs. Which of the two a call takes is fixed by its signature (and, for
+// trees a walk does not open, by whether anything is opted in yet), so each
+// signature is cached in one of them only until the first opt-in. Its `repr`,
 // descriptor binding, weak references, `__dict__` and `__signature__` are those
 // of the stock `PjitFunction`, so that the rest of JAX and its users see no
 // difference; `lower`, `trace`, `eval_shape` and `clear_cache` are set on the
@@ -189,14 +191,17 @@ bool IsPlainTree(JitFunctionObject* self, PyObject* tree, int& budget,
   return false;
 }
 
-// Whether the leaf dispatch takes a call as it is: its dynamic arguments are
-// plain trees (IsPlainTree, all within one budget), and at most one of them
-// is a keyword argument, since stock's dispatch orders keyword arguments by
-// their names' addresses and the slow path's flatten by name, which agree
-// only for one.
+// Whether the leaf dispatch takes a call as it is: at most one of its dynamic
+// arguments is a keyword argument, since stock's dispatch orders keyword
+// arguments by their names' addresses and the slow path's flatten by name,
+// which agree only for one; and nothing in them can be shared, because no
+// class keeps relative identities in the registry (the call is then
+// stock's, whatever its nodes and size) or because they are plain trees
+// (IsPlainTree, all within one budget).
 bool LeafDispatchTakes(JitFunctionObject* self, PyObject* const* args,
                        Py_ssize_t nargs, PyObject* kwnames) {
   const size_t epoch = PyTreeRegistry::registration_epoch();
+  const bool walk = self->registry_instance->has_opt_ins();
   int budget = kPlainTreeBudget;
   bool dynamic_keyword_seen = false;
   const Py_ssize_t nkwargs = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
@@ -206,11 +211,12 @@ bool LeafDispatchTakes(JitFunctionObject* self, PyObject* const* args,
       continue;
     }
     if (dynamic_keyword_seen ||
-        !IsPlainTree(self, args[nargs + k], budget, epoch)) {
+        (walk && !IsPlainTree(self, args[nargs + k], budget, epoch))) {
       return false;
     }
     dynamic_keyword_seen = true;
   }
+  if (!walk) return true;
   for (Py_ssize_t i = 0; i < nargs; ++i) {
     if (IsStaticPosition(self->static_argnums, i, nargs)) continue;
     if (!IsPlainTree(self, args[i], budget, epoch)) return false;
@@ -350,25 +356,28 @@ nb::object CallJitFunction(JitFunctionObject* self, PyObject* const* args,
   return nb::steal(result);
 }
 
-// Whether a call is one the leaf checks already answered: no keywords, and
-// every argument of a memoized leaf type while no type has been registered
-// since. The check of every cached call on arrays, so kept to a few loads
-// and compares, with nothing that can fail; slot 0 first, which holds the
-// type of the first leaf argument found, so that a call on jax Arrays only
-// costs one compare per argument. Only JitFunctionVectorcall asks, and only
-// objects with a leaf vectorcall (no static argnums) have it in their slot.
-bool IsMemoizedLeafCall(const JitFunctionObject* self, PyObject* const* args,
-                        Py_ssize_t nargs, PyObject* kwnames) {
+// Whether a call goes straight to the leaf dispatch: no keywords, and every
+// argument of a memoized leaf type while no type has been registered since,
+// or no class keeps relative identities in the registry at all. The check of
+// every cached call on arrays, so kept to a few loads and compares, with
+// nothing that can fail; slot 0 first, which holds the type of the first leaf
+// argument found, so that a call on jax Arrays only costs one compare per
+// argument. Only JitFunctionVectorcall asks, and only objects with a leaf
+// vectorcall (no static argnums) have it in their slot.
+bool GoesStraightToLeafDispatch(const JitFunctionObject* self,
+                                PyObject* const* args, Py_ssize_t nargs,
+                                PyObject* kwnames) {
+  if (kwnames != nullptr) return false;
   const LeafTypeMemo& memo = self->leaf_types;
-  if (kwnames != nullptr ||
-      memo.epoch != PyTreeRegistry::registration_epoch()) {
-    return false;
+  if (memo.epoch == PyTreeRegistry::registration_epoch()) {
+    // Last to first: the count is its own index, one register less to keep.
+    Py_ssize_t i = nargs;
+    while (i-- > 0 && memo.Knows(Py_TYPE(args[i]))) {
+    }
+    if (i < 0) return true;
   }
-  // Last to first: the count is its own index, one register less to keep.
-  while (nargs-- > 0) {
-    if (!memo.Knows(Py_TYPE(args[nargs]))) return false;
-  }
-  return true;
+  // Where nothing is opted in the walk never runs, so the memo stays empty.
+  return !self->registry_instance->has_opt_ins();
 }
 
 }  // namespace
@@ -450,8 +459,8 @@ nb::object Dispatch(JitFunctionObject* self) {
   return self->dispatch;
 }
 
-// Every call IsMemoizedLeafCall does not take, and the vectorcall slot itself
-// of objects without a leaf vectorcall. Kept out of line, so that the
+// Every call GoesStraightToLeafDispatch does not take, and the vectorcall slot
+// itself of objects without a leaf vectorcall. Kept out of line, so that the
 // memoized call pays none of its frame.
 [[gnu::noinline]] PyObject* CallThroughFrontDoor(PyObject* callable,
                                                  PyObject* const* args,
@@ -477,12 +486,13 @@ nb::object Dispatch(JitFunctionObject* self) {
 }
 
 // The calls on leaves go to the leaf dispatch before anything else runs: on
-// the cached call on arrays the front door costs only IsMemoizedLeafCall and
-// a jump.
+// the cached call on arrays the front door costs only
+// GoesStraightToLeafDispatch and a jump.
 PyObject* JitFunctionVectorcall(PyObject* callable, PyObject* const* args,
                                 size_t nargsf, PyObject* kwnames) {
   auto* self = reinterpret_cast<JitFunctionObject*>(callable);
-  if (IsMemoizedLeafCall(self, args, PyVectorcall_NARGS(nargsf), kwnames)) {
+  if (GoesStraightToLeafDispatch(self, args, PyVectorcall_NARGS(nargsf),
+                                 kwnames)) {
     return self->leaf_vectorcall(self->leaf_dispatch.ptr(), args, nargsf,
                                  kwnames);
   }

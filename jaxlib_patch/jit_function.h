@@ -100,8 +100,8 @@ struct JitFunctionObject {
   nb::object make_dispatch;
   nb::object registry;
   // The C++ object of `registry`, looked up once: nb::inst_ptr is an
-  // out-of-line call, and IsPlainTree reads it on every call that the
-  // memoized leaf types do not settle.
+  // out-of-line call, and IsPlainTree and GoesStraightToLeafDispatch read it
+  // on every call that the memoized leaf types do not settle.
   const PyTreeRegistry* registry_instance = nullptr;
   // The stock dispatch, built by `make_dispatch` when first needed: a
   // function called only on leaves never needs it, and `jax.jit(f)(x)`
@@ -109,17 +109,17 @@ struct JitFunctionObject {
   nb::object dispatch;
   // A second stock dispatch, with the user's own static arguments, for the
   // calls whose dynamic arguments are plain trees (leaves, and builtin nodes
-  // and dataclasses not opted in: IsPlainTree) with at most one keyword:
-  // nothing in them can be shared, so they skip our flatten and the
-  // DispatchArgs and reach stock's own fast path as they are. Null if there
-  // is none.
+  // and dataclasses not opted in: IsPlainTree), or any trees while the
+  // registry has no opt-in, with at most one keyword: nothing in them can be
+  // shared, so they skip our flatten and the DispatchArgs and reach stock's
+  // own fast path as they are. Null if there is none.
   nb::object leaf_dispatch;
   // Its vectorcall function, read once: the calls on arrays jump straight to
   // it, with none of PyObject_Vectorcall's lookup and result check (CPython
-  // checks what this function returns). Null where IsMemoizedLeafCall cannot
-  // decide a call (no leaf dispatch, no vectorcall in it, static argnums, or
-  // after tp_clear); then `vectorcall` is CallThroughFrontDoor, which calls
-  // the leaf dispatch through PyObject_Vectorcall.
+  // checks what this function returns). Null where GoesStraightToLeafDispatch
+  // cannot decide a call (no leaf dispatch, no vectorcall in it, static
+  // argnums, or after tp_clear); then `vectorcall` is CallThroughFrontDoor,
+  // which calls the leaf dispatch through PyObject_Vectorcall.
   vectorcallfunc leaf_vectorcall = nullptr;
   // As given to jax.jit (a negative index counts from the end of a call's
   // positional arguments); the names as a tuple of str.

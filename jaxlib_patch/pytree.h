@@ -190,6 +190,15 @@ class PyTreeRegistry {
     return registration_epoch_.load(std::memory_order_relaxed);
   }
 
+  // Whether any class keeps relative identities in this registry's family of
+  // twins: one registered with the flag, or a class or base given to
+  // OptInRelativeIdentities. Never false again once true (opt-ins are never
+  // taken back). While false no flatten with it can share a node, so the jit
+  // front door sends calls as they are to the stock dispatch.
+  bool has_opt_ins() const {
+    return origin_->has_opt_ins_.load(std::memory_order_relaxed);
+  }
+
   // Opts `type` and every subclass of it, registered now or later, in to
   // relative identities. `type` itself need not be registered.
   // Returns the classes it opted in now whose instances an unflatten built
@@ -247,6 +256,8 @@ class PyTreeRegistry {
   // The origin's: the classes given to OptInRelativeIdentities, in call
   // order; never removed, so registrations may point at them.
   std::vector<std::unique_ptr<OptedInBase>> opted_in_bases_;
+  // The origin's: has_opt_ins().
+  std::atomic<bool> has_opt_ins_{false};
   // Defined here, not in registry.cc: a definition the reader's unit sees is
   // read with one RIP-relative load, not through the GOT.
   static inline std::atomic<size_t> registration_epoch_{0};

@@ -88,6 +88,9 @@ void PyTreeRegistry::Insert(std::unique_ptr<Registration> registration,
     throw nb::value_error(message.c_str());
   }
   PyTreeRegistry& origin = *origin_;
+  if (registration->preserve_relative_identities) {
+    origin.has_opt_ins_.store(true, std::memory_order_relaxed);
+  }
   Registration* entry =
       origin.owned_.emplace_back(std::move(registration)).get();
   origin.registrations_.emplace(type, entry);
@@ -251,6 +254,7 @@ nb::list PyTreeRegistry::OptInRelativeIdentities(nb::handle type) {
   }
   // Kept even where a base already opts it in: a class named is not one
   // opted in by a base (Registration::opted_in_by).
+  origin_->has_opt_ins_.store(true, std::memory_order_relaxed);
   const OptedInBase* named = NamedForOptIn(cls);
   if (named == nullptr) {
     auto entry = std::make_unique<OptedInBase>();

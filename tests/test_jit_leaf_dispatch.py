@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from jaxlib_patch import pytree as pt
 from jit_stand_ins import REG, Recorder, make, target
-from nodes import Box, DNode, PNode, register_all
+from nodes import Box, DNode, PNode, pnode_flatten, pnode_unflatten, register_all
 
 
 @dataclasses.dataclass
@@ -80,6 +80,35 @@ def test_calls_on_plain_trees_take_the_leaf_dispatch_as_they_are():
   assert jitted._cache_size() == 1 + len(plain) + len(general)
   jitted._clear_cache()
   assert jitted._cache_size() == 0 and leaf.calls == []
+
+
+def test_while_nothing_is_opted_in_calls_take_the_leaf_dispatch_as_they_are():
+  registry = register_all(pt.PyTreeRegistry(), opt_in=False)
+  leaf, main = Recorder("leaf result"), Recorder()
+  jitted = pt.jit.make_jit_function(
+      target, lambda *_: main, registry, [], [], leaf
+  )
+  calls = [
+      ((PNode("n", [1]),), {}),  # A custom node: its flatten is not run.
+      ((DNode(1, 2, "m"), 3), {"b": Box([4])}),
+      ((list(range(100)),), {}),  # Past the walk's budget.
+  ]
+  for args, kwargs in calls:
+    assert jitted(*args, **kwargs) == "leaf result"
+  assert leaf.calls == calls and main.calls == []
+  # Two dynamic keywords: the two dispatches would order their leaves apart.
+  assert jitted(1, b=2, mode=3) == "result" and len(main.calls) == 1
+
+  # An opt-in made through a twin is the whole family's: from then on a
+  # custom node takes the general path, and a plain tree the walk.
+  class Flagged(PNode):
+    pass
+
+  registry.twin(keeps_relative_identities=False).register_node(
+      Flagged, pnode_flatten, pnode_unflatten, preserve_relative_identities=True
+  )
+  assert jitted(PNode("n", [1])) == "result" and len(main.calls) == 2
+  assert jitted([1, (2, None)]) == "leaf result" and len(leaf.calls) == 4
 
 
 def test_a_failing_field_read_sends_the_call_down_the_general_path():
@@ -209,6 +238,12 @@ ARGUMENTS = st.sampled_from(
         LateToo(6),
     ]
 )
+
+
+class OptedInBase:
+  """A class no node derives from: opting it in opts nothing else in."""
+
+
 CALLS = st.lists(
     st.one_of(
         st.tuples(
@@ -217,21 +252,26 @@ CALLS = st.lists(
             st.dictionaries(st.sampled_from(["b", "mode"]), ARGUMENTS),
         ),
         st.tuples(st.just("register"), st.sampled_from([Late, LateToo])),
+        st.tuples(st.just("opt in"), st.sampled_from([DNode, OptedInBase])),
     ),
     max_size=12,
 )
 
 
 def plain_objects(registry, x):
-  """How many objects `x` holds if the leaf dispatch may take it (leaves,
-  None, tuples and lists of such), else None."""
+  """How many objects `x` holds if the walk lets the leaf dispatch take it
+  (leaves, None, tuples, lists, dicts and dataclasses not opted in, of such),
+  else None."""
   if x is None or not registry.is_node(type(x)):
     return 1
+  if registry.has_relative_identities(type(x)):
+    return None
   children = {
       tuple: lambda: x,
       list: lambda: x,
       dict: lambda: x.values(),
       PlainPair: lambda: (x.a, x.b),
+      DNode: lambda: (x.a, x.b),
   }.get(type(x))
   if children is None:
     return None
@@ -239,18 +279,21 @@ def plain_objects(registry, x):
   return None if None in counts else 1 + sum(counts)
 
 
-@settings(max_examples=300, deadline=None, derandomize=True)
-@given(CALLS, st.sampled_from([(), (1,), (-1,)]), st.booleans())
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(CALLS, st.sampled_from([(), (1,), (-1,)]), st.booleans(), st.booleans())
 def test_generated_calls_take_the_leaf_dispatch_exactly_when_plain(
-    calls, static_argnums, leaf_is_a_function
+    calls, static_argnums, leaf_is_a_function, opt_in
 ):
   # Which dispatch a call takes must follow the registry at the time of the
   # call, whatever the front door remembers of earlier calls (the leaf type,
   # the treedef) and whether the leaf dispatch is one it jumps to directly
   # (a function, with a vectorcall) or one it calls through CPython (an
-  # object whose class defines __call__).
-  registry = register_all(pt.PyTreeRegistry(), opt_in=True)
+  # object whose class defines __call__). While nothing is opted in, every
+  # call with at most one dynamic keyword is the leaf dispatch's, whatever
+  # its nodes and size; from the first opt-in, only plain trees are.
+  registry = register_all(pt.PyTreeRegistry(), opt_in=opt_in)
   registry.register_dataclass_node(PlainPair, ["a", "b"], [])
+  has_opt_ins = opt_in
   leaf_calls, main = [], Recorder()
 
   def leaf_function(*args, **kwargs):
@@ -274,6 +317,10 @@ def test_generated_calls_take_the_leaf_dispatch_exactly_when_plain(
         )
         registered.add(step[1])
       continue
+    if step[0] == "opt in":
+      registry.preserve_relative_identities(step[1])
+      has_opt_ins = True
+      continue
     _, args, kwargs = step
     note(f"call with {args!r}, {kwargs!r}")
     nargs = len(args)
@@ -282,7 +329,7 @@ def test_generated_calls_take_the_leaf_dispatch_exactly_when_plain(
     counts = [plain_objects(registry, a) for a in dynamic]
     if "b" in kwargs:
       counts.append(plain_objects(registry, kwargs["b"]))
-    expect_leaf = None not in counts and sum(counts) <= 32
+    expect_leaf = not has_opt_ins or (None not in counts and sum(counts) <= 32)
     leaf_before, main_before = len(leaf_calls), len(main.calls)
     result = jitted(*args, **kwargs)
     if expect_leaf:
