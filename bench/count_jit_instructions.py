@@ -4,7 +4,7 @@ Usage::
 
     python bench/count_jit_instructions.py [--stock-python PY]
         [--patched-python PY] [--calls N] [--cases A,B] [--json out.json]
-        [--by-function N]
+        [--by-function N] [--nothing-opted-in]
 
 Cases (CASES), each calling a function that returns the tree with 1 added
 to every leaf: first as bench_jit.py names them, hoisted (``f(x)`` on one
@@ -14,6 +14,13 @@ of 100 ``float32[8]``); then one per kind of call of
 tests/jax/jit_call_kinds.py (numpy and Python scalars, bfloat16, complex,
 typed and raw keys, None, keyword and static arguments, containers, a
 sharded array, ...), each on a jitted function of its own.
+
+Every child opts the cases' Layer class in (the opted-in model's case
+needs it), so that the cases run in a process with an opt-in, where a call
+on a custom node takes the front door's general path; with
+``--nothing-opted-in`` no class is opted in and that case is left out: the
+process of a program that has the custom wheels and opts nothing in, where
+every call with at most one dynamic keyword takes stock's dispatch as it is.
 
 With ``--by-function N`` it counts each side once (heap state 0) and prints,
 per case, the N functions whose instructions per call differ most between
@@ -93,12 +100,16 @@ CASES = {
     "no arguments": "`f()`",
     "opted-in model": "a model of one opted-in layer in two places",
 }
+# The case that needs a class opted in; without --nothing-opted-in every
+# child opts Layer in (node_classes), so that every case is counted in a
+# process with an opt-in, where calls on custom nodes take the general path.
+OPTED_IN_CASE = "opted-in model"
 
 
-def node_classes():
-  """The cases' classes of nodes: Layer (opted in on the custom wheels, a
-  plain dataclass node on stock), the dataclass Pair and the namedtuple
-  Point."""
+def node_classes(opt_in):
+  """The cases' classes of nodes: Layer (opted in on the custom wheels if
+  `opt_in`, a plain dataclass node on stock), the dataclass Pair and the
+  namedtuple Point."""
   import collections
   import dataclasses
   import inspect
@@ -106,7 +117,7 @@ def node_classes():
   import jax
 
   register = jax.tree_util.register_dataclass
-  opt_in = (
+  opt_in = opt_in and (
       "preserve_relative_identities" in inspect.signature(register).parameters
   )
 
@@ -127,9 +138,10 @@ def node_classes():
   return Layer, Pair, collections.namedtuple("Point", ["x", "y"])
 
 
-def calls_of_cases():
+def calls_of_cases(opt_in):
   """Each case's call, each on a jitted function of its own (stock's global
-  cache is keyed on the function), after one call that compiled it."""
+  cache is keyed on the function), after one call that compiled it; Layer
+  opted in if `opt_in` (node_classes)."""
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -140,7 +152,7 @@ def calls_of_cases():
   def new_add_one():
     return lambda *args, **kwargs: add_one((args, kwargs))
 
-  Layer, Pair, Point = node_classes()
+  Layer, Pair, Point = node_classes(opt_in)
   x = jnp.asarray(np.arange(8, dtype=np.float32))
   y = x * 2
   d = {f"a{i:03d}": x + i for i in range(100)}
@@ -210,29 +222,30 @@ def calls_of_cases():
   return calls_of
 
 
-def child_main(calls, heap_state, cases):
+def child_main(calls, heap_state, cases, opt_in):
   import gc
 
   heap_padding = pad_heap(heap_state)  # Kept to the end.
 
   import jax
 
-  calls_of = calls_of_cases()
+  calls_of = calls_of_cases(opt_in)
   gc.disable()
   for case in cases:
     measure_runs(calls_of[case], calls)
     jax.block_until_ready(calls_of[case]())
 
 
-def run_child(python, calls, heap_state, cases, read):
+def run_child(python, calls, heap_state, cases, opt_in, read):
   """What `read` finds in the callgrind dumps of a child under `python`
-  that counts `cases`."""
+  that counts `cases`, with Layer opted in if `opt_in`."""
   return callgrind_totals(
       children.child_command(
           python,
           __file__,
           *("--child", calls, "--child-heap-state", heap_state),
           *("--cases", ",".join(cases)),
+          *(() if opt_in else ("--nothing-opted-in",)),
       ),
       read=read,
       cwd="/",
@@ -249,12 +262,12 @@ def run_child(python, calls, heap_state, cases, read):
   )
 
 
-def count(python, calls, heap_state, cases):
+def count(python, calls, heap_state, cases, opt_in):
   """Instructions per call of each of `cases` under `python`: keyed (case,
   "whole") for the whole call and (case, "code") for the call less glibc's
   and CPython's allocators (count_instructions.ALLOCATOR_FUNCTIONS)."""
   totals, allocator = run_child(
-      python, calls, heap_state, cases, dump_totals_and_allocator
+      python, calls, heap_state, cases, opt_in, dump_totals_and_allocator
   )
   whole = per_call_counts(totals, [calls] * len(cases))
   code = per_call_counts(
@@ -268,17 +281,18 @@ def count(python, calls, heap_state, cases):
   return counts
 
 
-def median_count(python, calls, heap_states, cases):
+def median_count(python, calls, heap_states, cases, opt_in):
   """Each case's median instructions per call over `heap_states` children."""
   return median_over_heap_states(
-      lambda heap_state: count(python, calls, heap_state, cases), heap_states
+      lambda heap_state: count(python, calls, heap_state, cases, opt_in),
+      heap_states,
   )
 
 
-def by_function(python, calls, cases):
+def by_function(python, calls, cases, opt_in):
   """Per case, the instructions per call of each function under `python`
   (heap state 0), keyed (the file of its code, the function's name)."""
-  dumps = run_child(python, calls, 0, cases, dump_costs_by_function)
+  dumps = run_child(python, calls, 0, cases, opt_in, dump_costs_by_function)
   per_case = {}
   for i, case in enumerate(cases):
     empty, measured = dumps[3 * i + 1], dumps[3 * i + 2]
@@ -289,11 +303,11 @@ def by_function(python, calls, cases):
   return per_case
 
 
-def print_by_function(stock_python, patched_python, calls, cases, top):
+def print_by_function(stock_python, patched_python, calls, cases, top, opt_in):
   """The `top` functions whose instructions per call differ most between
   the sides, per case."""
-  stock = by_function(stock_python, calls, cases)
-  patched = by_function(patched_python, calls, cases)
+  stock = by_function(stock_python, calls, cases, opt_in)
+  patched = by_function(patched_python, calls, cases, opt_in)
   for case in cases:
     functions = set(stock[case]) | set(patched[case])
     delta = {
@@ -330,6 +344,13 @@ def main():
   )
   parser.add_argument("--json")
   parser.add_argument(
+      "--nothing-opted-in",
+      action="store_true",
+      help="count in processes where no class is opted in (Layer registered "
+      "plainly; the opted-in model's case is left out): a program that "
+      "has the custom wheels and opts nothing in",
+  )
+  parser.add_argument(
       "--by-function",
       type=int,
       metavar="N",
@@ -346,8 +367,13 @@ def main():
   if unknown:
     parser.error(f"no such case: {', '.join(sorted(unknown))}")
   if args.child is not None:
-    child_main(args.child, args.child_heap_state, cases)
+    child_main(
+        args.child, args.child_heap_state, cases, not args.nothing_opted_in
+    )
     return
+  opt_in = not args.nothing_opted_in
+  if not opt_in:
+    cases = [case for case in cases if case != OPTED_IN_CASE]
   if args.by_function:
     print_by_function(
         args.stock_python,
@@ -355,11 +381,14 @@ def main():
         args.calls,
         cases,
         args.by_function,
+        opt_in,
     )
     return
-  stock = median_count(args.stock_python, args.calls, args.heap_states, cases)
+  stock = median_count(
+      args.stock_python, args.calls, args.heap_states, cases, opt_in
+  )
   patched = median_count(
-      args.patched_python, args.calls, args.heap_states, cases
+      args.patched_python, args.calls, args.heap_states, cases, opt_in
   )
   print(
       "| case | stock instructions per call | patched | patched/stock | "
