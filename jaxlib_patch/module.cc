@@ -195,6 +195,13 @@ void BindRegistry(nb::module_& m) {
            "base class was given to preserve_relative_identities().",
            nb::sig("def has_relative_identities(self, type: type, /) "
                    "-> bool"))
+      .def_prop_ro("has_opt_ins", &PyTreeRegistry::has_opt_ins,
+                   "Whether any class keeps relative identities in this "
+                   "registry or its twins (registered with the flag or "
+                   "opted in, itself or through a base). Once true, never "
+                   "false again. While false, jax.jit hands every call with "
+                   "at most one dynamic keyword argument to the stock "
+                   "dispatch as it is.")
       .def(
           "__reduce__", [](nb::handle self) { return self.attr("__name__"); },
           nb::sig("def __reduce__(self) -> str"));

@@ -84,6 +84,7 @@ def test_calls_on_plain_trees_take_the_leaf_dispatch_as_they_are():
 
 def test_while_nothing_is_opted_in_calls_take_the_leaf_dispatch_as_they_are():
   registry = register_all(pt.PyTreeRegistry(), opt_in=False)
+  assert not registry.has_opt_ins
   leaf, main = Recorder("leaf result"), Recorder()
   jitted = pt.jit.make_jit_function(
       target, lambda *_: main, registry, [], [], leaf
@@ -104,9 +105,11 @@ def test_while_nothing_is_opted_in_calls_take_the_leaf_dispatch_as_they_are():
   class Flagged(PNode):
     pass
 
-  registry.twin(keeps_relative_identities=False).register_node(
+  twin = registry.twin(keeps_relative_identities=False)
+  twin.register_node(
       Flagged, pnode_flatten, pnode_unflatten, preserve_relative_identities=True
   )
+  assert registry.has_opt_ins and twin.has_opt_ins
   assert jitted(PNode("n", [1])) == "result" and len(main.calls) == 2
   assert jitted([1, (2, None)]) == "leaf result" and len(leaf.calls) == 4
 
@@ -321,6 +324,7 @@ def test_generated_calls_take_the_leaf_dispatch_exactly_when_plain(
       registry.preserve_relative_identities(step[1])
       has_opt_ins = True
       continue
+    assert registry.has_opt_ins == has_opt_ins
     _, args, kwargs = step
     note(f"call with {args!r}, {kwargs!r}")
     nargs = len(args)
