@@ -370,11 +370,11 @@ bool GoesStraightToLeafDispatch(const JitFunctionObject* self,
   if (kwnames != nullptr) return false;
   const LeafTypeMemo& memo = self->leaf_types;
   if (memo.epoch == PyTreeRegistry::registration_epoch()) {
-    // Last to first: the count is its own index, one register less to keep.
-    Py_ssize_t i = nargs;
-    while (i-- > 0 && memo.Knows(Py_TYPE(args[i]))) {
+    // Last to first: the count is its own index, one register less to keep;
+    // it ends at -1 only if every argument's type is known.
+    while (nargs-- > 0 && memo.Knows(Py_TYPE(args[nargs]))) {
     }
-    if (i < 0) return true;
+    if (nargs < 0) return true;
   }
   // Where nothing is opted in the walk never runs, so the memo stays empty.
   return !self->registry_instance->has_opt_ins();
