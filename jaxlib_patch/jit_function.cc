@@ -442,8 +442,9 @@ JitFunctionObject* Self(PyObject* self) {
   auto* o = reinterpret_cast<JitFunctionObject*>(self);
   if (!o->make_dispatch.is_valid()) {
     throw nb::value_error(
-        "This jitted function was cleared by the garbage "
-        "collector.");
+        "This jitted function has no function: it was made by "
+        "PjitFunction.__new__ and not given a state (__setstate__), or the "
+        "garbage collector cleared it.");
   }
   return o;
 }

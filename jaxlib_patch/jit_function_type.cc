@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <new>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -82,6 +83,60 @@ int JitFunctionClear(PyObject* self) {
   return 0;
 }
 
+// A PjitFunction with no function, as `PjitFunction.__new__` makes one (as
+// stock's, for unpickling and copying: __setstate__ gives it its function);
+// calling it raises until then. tp_alloc zeroes the memory: the members are
+// constructed over it.
+PyObject* JitFunctionNew(PyTypeObject* type, PyObject*, PyObject*) {
+  PyObject* self = type->tp_alloc(type, 0);
+  if (self == nullptr) return nullptr;
+  auto* o = reinterpret_cast<JitFunctionObject*>(self);
+  o->vectorcall = CallThroughFrontDoor;
+  new (&o->fun) nb::object();
+  new (&o->make_dispatch) nb::object();
+  new (&o->dispatch) nb::object();
+  new (&o->registry) nb::object();
+  new (&o->leaf_dispatch) nb::object();
+  new (&o->static_argnums) std::vector<Py_ssize_t>();
+  new (&o->static_argnames) nb::object();
+  new (&o->last_treedef) nb::object();
+  new (&o->leaf_types) LeafTypeMemo();
+  return self;
+}
+
+// Gives `o` its function and dispatches, in place of any it had (and of the
+// caches built from them: the dispatch, the last treedef, the leaf types).
+void Initialize(JitFunctionObject* o, nb::object fun, nb::object make_dispatch,
+                nb::handle registry, std::vector<Py_ssize_t> static_argnums,
+                std::vector<nb::str> static_argnames,
+                nb::object leaf_dispatch) {
+  if (!nb::isinstance<PyTreeRegistry>(registry)) {
+    throw nb::type_error(
+        ("Expected a PyTreeRegistry, got " + Repr(registry) + ".").c_str());
+  }
+  nb::tuple names = StaticArgnamesTuple(std::move(static_argnames));
+  // As in JitFunctionClear: calls meanwhile take the out-of-line path, and
+  // the old references drop only once every member is in place, since
+  // dropping one can run code that calls this object.
+  o->vectorcall = CallThroughFrontDoor;
+  o->leaf_vectorcall = nullptr;
+  nb::object old[] = {std::exchange(o->fun, std::move(fun)),
+                      std::exchange(o->make_dispatch, std::move(make_dispatch)),
+                      std::exchange(o->dispatch, nb::object()),
+                      std::exchange(o->registry, nb::borrow(registry)),
+                      std::exchange(o->leaf_dispatch, std::move(leaf_dispatch)),
+                      std::exchange(o->static_argnames, std::move(names)),
+                      std::exchange(o->last_treedef, nb::object())};
+  LeafTypeMemo old_leaf_types = std::exchange(o->leaf_types, LeafTypeMemo());
+  o->registry_instance = nb::inst_ptr<PyTreeRegistry>(o->registry);
+  o->static_argnums = std::move(static_argnums);
+  if (o->leaf_dispatch.is_valid() && o->static_argnums.empty()) {
+    o->leaf_vectorcall = PyVectorcall_Function(o->leaf_dispatch.ptr());
+  }
+  o->vectorcall =
+      o->leaf_vectorcall ? JitFunctionVectorcall : CallThroughFrontDoor;
+}
+
 // As stock: the repr of `__wrapped__`, and a bare one if that fails.
 PyObject* JitFunctionRepr(PyObject* self) {
   PyObject* wrapped = PyObject_GetAttrString(self, "__wrapped__");
@@ -148,16 +203,85 @@ PyObject* JitFunctionClearCache(PyObject* self, PyObject*) {
   });
 }
 
-// The stock dispatch's state, with the user's function and static argument
-// indices and names in place of the dispatch's own.
+// The version of the state below; __setstate__ refuses any other.
+constexpr int kStateVersion = 1;
+
+// What a copy or a pickle keeps, as stock's PjitFunction keeps its function,
+// its cache-miss callable and its options: the function, what builds the
+// dispatches and the registry, not the caches built from them (a loaded copy
+// builds its own) nor the instance __dict__ (stock's copies have none
+// either).
 PyObject* JitFunctionGetState(PyObject* self, PyObject*) {
   return Guarded([&] {
     JitFunctionObject* o = Self(self);
-    nb::object state = Dispatch(o).attr("__getstate__")();
+    nb::dict state;
+    state["version"] = kStateVersion;
     state["fun"] = o->fun;
+    state["make_dispatch"] = o->make_dispatch;
+    state["registry"] = o->registry;
     state["static_argnums"] = nb::cast(o->static_argnums);
-    state["static_argnames"] = o->static_argnames;
-    return state;
+    state["static_argnames"] =
+        nb::steal(PySequence_List(o->static_argnames.ptr()));
+    state["leaf_dispatch"] =
+        o->leaf_dispatch.is_valid() ? o->leaf_dispatch : nb::none();
+    return nb::object(state);
+  });
+}
+
+// Field `key` of a state, as a T: a KeyError if it is missing (as on
+// stock), a TypeError that names it if it is not a T.
+template <typename T>
+T StateField(const nb::dict& state, const char* key) {
+  PyObject* value = PyDict_GetItemString(state.ptr(), key);  // Borrowed.
+  if (value == nullptr) {
+    PyErr_SetString(PyExc_KeyError, key);
+    throw nb::python_error();
+  }
+  T field{};
+  if (!nb::try_cast(nb::handle(value), field)) {
+    throw nb::type_error((std::string("The PjitFunction state's \"") + key +
+                          "\" is " + Repr(value) + ", of the wrong type.")
+                             .c_str());
+  }
+  return field;
+}
+
+// The inverse of __getstate__, on an object that PjitFunction.__new__ made
+// (or on any, which then takes the state's function).
+PyObject* JitFunctionSetState(PyObject* self, PyObject* state) {
+  return Guarded([&] {
+    if (!PyDict_Check(state)) {
+      throw nb::type_error(("A PjitFunction's state is a dict, got " +
+                            Repr(state) + ".").c_str());
+    }
+    nb::dict fields = nb::borrow<nb::dict>(state);
+    if (StateField<int>(fields, "version") != kStateVersion) {
+      throw nb::value_error(
+          ("Unknown PjitFunction state version " + Repr(fields["version"]) +
+           "; this jaxlib reads version " + std::to_string(kStateVersion) +
+           ".").c_str());
+    }
+    nb::object leaf_dispatch = StateField<nb::object>(fields, "leaf_dispatch");
+    Initialize(
+        reinterpret_cast<JitFunctionObject*>(self),
+        StateField<nb::object>(fields, "fun"),
+        StateField<nb::object>(fields, "make_dispatch"),
+        StateField<nb::object>(fields, "registry"),
+        StateField<std::vector<Py_ssize_t>>(fields, "static_argnums"),
+        StateField<std::vector<nb::str>>(fields, "static_argnames"),
+        leaf_dispatch.is_none() ? nb::object() : leaf_dispatch);
+    return nb::none();
+  });
+}
+
+// As stock's: what a cache miss of the user's arguments calls, the leaf
+// dispatch's (the DispatchArgs dispatch's only where there is none).
+PyObject* JitFunctionCacheMiss(PyObject* self, void*) {
+  return Guarded([&] {
+    JitFunctionObject* o = Self(self);
+    nb::object dispatch =
+        o->leaf_dispatch.is_valid() ? o->leaf_dispatch : Dispatch(o);
+    return nb::object(dispatch.attr("_cache_miss"));
   });
 }
 
@@ -167,10 +291,12 @@ PyMethodDef jit_function_methods[] = {
     {"_clear_cache", JitFunctionClearCache, METH_NOARGS,
      "Clears the C++ dispatch's cache."},
     {"__getstate__", JitFunctionGetState, METH_NOARGS, nullptr},
+    {"__setstate__", JitFunctionSetState, METH_O, nullptr},
     {nullptr, nullptr, 0, nullptr}};
 
 PyGetSetDef jit_function_getset[] = {
     {"__signature__", JitFunctionSignature, nullptr, nullptr, nullptr},
+    {"_cache_miss", JitFunctionCacheMiss, nullptr, nullptr, nullptr},
     {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, nullptr,
      nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr}};
@@ -192,6 +318,7 @@ PyType_Slot jit_function_slots[] = {
      const_cast<char*>("What jax.jit returns: flattens the dynamic arguments "
                        "once with the tracing registry and calls the stock C++ "
                        "dispatch with them.")},
+    {Py_tp_new, reinterpret_cast<void*>(JitFunctionNew)},
     {Py_tp_dealloc, reinterpret_cast<void*>(JitFunctionDealloc)},
     {Py_tp_traverse, reinterpret_cast<void*>(JitFunctionTraverse)},
     {Py_tp_clear, reinterpret_cast<void*>(JitFunctionClear)},
@@ -207,8 +334,7 @@ PyType_Slot jit_function_slots[] = {
 // the same; the module tells them apart.
 PyType_Spec jit_function_spec = {
     "jaxlib_patch.pytree.jit.PjitFunction", sizeof(JitFunctionObject), 0,
-    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL |
-        Py_TPFLAGS_DISALLOW_INSTANTIATION,  // make_jit_function builds them
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     jit_function_slots};
 
 nb::object MakeJitFunction(nb::callable fun, nb::callable make_dispatch,
@@ -216,32 +342,14 @@ nb::object MakeJitFunction(nb::callable fun, nb::callable make_dispatch,
                            std::vector<Py_ssize_t> static_argnums,
                            std::vector<nb::str> static_argnames,
                            std::optional<nb::callable> leaf_dispatch) {
-  if (!nb::isinstance<PyTreeRegistry>(registry)) {
-    throw nb::type_error(
-        ("Expected a PyTreeRegistry, got " + Repr(registry) + ".").c_str());
-  }
-  nb::tuple names = StaticArgnamesTuple(std::move(static_argnames));
-  PyObject* self = jit_function_type->tp_alloc(jit_function_type, 0);
-  if (self == nullptr) throw nb::python_error();
-  auto* o = reinterpret_cast<JitFunctionObject*>(self);
-  // tp_alloc zeroes the memory: the members are constructed over it.
-  new (&o->fun) nb::object(std::move(fun));
-  new (&o->make_dispatch) nb::object(std::move(make_dispatch));
-  new (&o->dispatch) nb::object();
-  new (&o->registry) nb::object(nb::borrow(registry));
-  o->registry_instance = nb::inst_ptr<PyTreeRegistry>(registry);
-  new (&o->leaf_dispatch)
-      nb::object(leaf_dispatch ? std::move(*leaf_dispatch) : nb::object());
-  new (&o->static_argnums) std::vector<Py_ssize_t>(std::move(static_argnums));
-  if (o->leaf_dispatch.is_valid() && o->static_argnums.empty()) {
-    o->leaf_vectorcall = PyVectorcall_Function(o->leaf_dispatch.ptr());
-  }
-  o->vectorcall =
-      o->leaf_vectorcall ? JitFunctionVectorcall : CallThroughFrontDoor;
-  new (&o->static_argnames) nb::object(std::move(names));
-  new (&o->last_treedef) nb::object();
-  new (&o->leaf_types) LeafTypeMemo();
-  return nb::steal(self);
+  nb::object self =
+      nb::steal(JitFunctionNew(jit_function_type, nullptr, nullptr));
+  if (!self.is_valid()) throw nb::python_error();
+  Initialize(reinterpret_cast<JitFunctionObject*>(self.ptr()), std::move(fun),
+             std::move(make_dispatch), registry, std::move(static_argnums),
+             std::move(static_argnames),
+             leaf_dispatch ? std::move(*leaf_dispatch) : nb::object());
+  return self;
 }
 
 }  // namespace

@@ -6,6 +6,10 @@ from jaxlib_patch import pytree as pt
 from nodes import register_all
 
 REG = register_all(pt.PyTreeRegistry(), opt_in=True)
+# Pickled by reference, as jax's registries are: so is a jitted function
+# made with it (its state names its registry).
+REG.__module__ = __name__
+REG.__name__ = "REG"
 
 
 def target(a, n=0, b=None, *, mode="add"):
@@ -28,6 +32,11 @@ class Recorder:
 
   def _clear_cache(self):
     self.calls.clear()
+
+
+def new_recorder(*layout):
+  """A make_dispatch that pickles (by reference)."""
+  return Recorder()
 
 
 def make(static_argnums=(), static_argnames=(), fun=target, leaf=None):

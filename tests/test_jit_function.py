@@ -191,8 +191,6 @@ def test_bad_construction():
   with pytest.raises(TypeError):
     pt.jit.make_jit_function(target, Recorder(), REG, [], [], "not callable")
   with pytest.raises(TypeError):
-    pt.jit.PjitFunction()
-  with pytest.raises(TypeError):
     pt.jit.DispatchArgs()
 
 
@@ -271,9 +269,9 @@ def test_a_call_during_and_after_tp_clear_raises(dying):
   assert watch() is None and len(seen) == 2
   for result in seen:
     assert isinstance(result, ValueError), seen
-    assert "cleared by the garbage collector" in str(result)
+    assert "garbage collector cleared it" in str(result)
   for args in [(1.5,), (PNode("n", [1]),)]:
-    with pytest.raises(ValueError, match="cleared by the garbage collector"):
+    with pytest.raises(ValueError, match="garbage collector cleared it"):
       jitted(*args)
 
 
