@@ -52,17 +52,43 @@ class SplitTiesTest(jtu.JaxTestCase):
     jax.config.update("jax_split_ties", "warn")
     super().tearDown()
 
-  def test_a_hand_built_mask_of_one_value_keeps_the_tie(self):
+  def test_a_mask_keeps_the_tie_where_its_layout_does(self):
     import optax  # pylint: disable=g-import-not-at-top
 
+    m = tied_model()
+    flag = Param(True)
+    masks = {
+        # Leaves at the parameters' places: the parameters pass through.
+        "bools": Model(True, True, False),
+        # One node where the model has one.
+        "tied": Model(flag, flag, Param(False)),
+        # Built from the model: its ties.
+        "mapped": jax.tree.map(lambda p: p.ndim == 2, m),
+    }
+    for name, mask in masks.items():
+      with self.subTest(name):
+        tx = optax.chain(
+            optax.masked(optax.add_decayed_weights(0.1), mask),
+            optax.sgd(0.1),
+        )
+        updates, _ = tx.update(jax.grad(loss)(m), tx.init(m), m)
+        new = optax.apply_updates(m, updates)
+        self.assertIs(new.a, new.b)
+
+  def test_a_hand_built_mask_with_a_node_per_place_is_told(self):
+    import optax  # pylint: disable=g-import-not-at-top
+
+    # The masked updates are laid out as the mask, which holds two objects
+    # where the model holds one: optax.masked's merge of them with the
+    # updates splits the updates' tie, and says so.
     m = tied_model()
     mask = Model(Param(True), Param(True), Param(False))
     tx = optax.chain(
         optax.masked(optax.add_decayed_weights(0.1), mask), optax.sgd(0.1)
     )
-    updates, _ = tx.update(jax.grad(loss)(m), tx.init(m), m)
-    new = optax.apply_updates(m, updates)
-    self.assertIs(new.a, new.b)
+    with self.assertRaisesRegex(jax.tree_util.SplitTieError,
+                                r"at rest\[1\]\.a and rest\[1\]\.b"):
+      tx.update(jax.grad(loss)(m), tx.init(m), m)
 
   def test_updates_rebuilt_around_the_same_array_keep_the_tie(self):
     import optax  # pylint: disable=g-import-not-at-top

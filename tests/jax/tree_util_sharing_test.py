@@ -4,6 +4,7 @@ import collections
 import dataclasses
 import pickle
 import re
+import warnings
 
 
 import jax
@@ -295,11 +296,22 @@ class TreeOpsTest(jtu.JaxTestCase):
       )
     self.assertIsNot(out.left, out.right)
     self.assertEqual((out.left.x, out.right.x), (2.0, 3.0))
+    # The result is laid out as the first tree, which holds two objects;
+    # the other tree's tie is one the values split: told.
     with self.assertWarnsRegex(*split):
       out = jax.tree.map(
           lambda a, b: a + b, Parent(Child(1.0), Child(2.0)), parent
       )
+    self.assertIsNot(out.left, out.right)
     self.assertEqual((out.left.x, out.right.x), (2.0, 3.0))
+    # Where the values agree, the other tree's tie is neither kept (it is
+    # not the result's layout) nor told.
+    x = np.arange(2.0)
+    with warnings.catch_warnings():
+      warnings.simplefilter("error")
+      out = jax.tree.map(lambda a, b: a + b, Parent(Child(x), Child(x)),
+                         Parent(child, child))
+    self.assertIsNot(out.left, out.right)
 
   def test_leaves_and_structure(self):
     child = Child(1.0)

@@ -41,9 +41,13 @@ JAX_VERSION = (REPO / "VERSION").read_text(encoding="utf-8").strip()
 
 # The jax test files that exercise pytrees through every layer that flattens
 # them (tree utilities, the pytree module, custom rules, jit, batching,
-# control flow, export, sharding), the small ones first; the stock parity
-# of docs/compatibility.md is measured on them. A --files entry is one of
-# these names or a path relative to the checkout.
+# control flow, export, sharding), the small ones first, and those that
+# exercise the Python surface of the object jax.jit returns (pickling and
+# copying it, `__wrapped__`, its names in debug info, lowering it ahead of
+# time: a search of jax's tests for pickle, copy, `_cache_size` and
+# `__wrapped__` finds them); the stock parity of docs/compatibility.md is
+# measured on them. A --files entry is one of these names or a path
+# relative to the checkout.
 DEFAULT_FILES = {
     "tree_util_test": "tests/tree_util_test.py",
     "pytree_test": "jaxlib/pytree_test.py",
@@ -59,6 +63,10 @@ DEFAULT_FILES = {
     "shard_map_test": "tests/shard_map_test.py",
     "state_test": "tests/state_test.py",
     "package_structure_test": "tests/package_structure_test.py",
+    "pickle_test": "tests/pickle_test.py",
+    "aot_test": "tests/aot_test.py",
+    "debug_info_test": "tests/debug_info_test.py",
+    "pmap_test": "tests/pmap_test.py",
 }
 
 SIDES = ("stock", "ours")
@@ -420,7 +428,7 @@ def parse_args(argv):
       default=",".join(DEFAULT_FILES),
       help="comma-separated names (api_test, pytree_test, "
       "...) or paths relative to the checkout "
-      "(default: the fourteen files of DEFAULT_FILES)",
+      "(default: the eighteen files of DEFAULT_FILES)",
   )
   parser.add_argument(
       "--stock-venv", type=Path, default=REPO / ".venv-upstream-stock"
