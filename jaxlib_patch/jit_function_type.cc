@@ -251,25 +251,25 @@ T StateField(const nb::dict& state, const char* key) {
 PyObject* JitFunctionSetState(PyObject* self, PyObject* state) {
   return Guarded([&] {
     if (!PyDict_Check(state)) {
-      throw nb::type_error(("A PjitFunction's state is a dict, got " +
-                            Repr(state) + ".").c_str());
+      throw nb::type_error(
+          ("A PjitFunction's state is a dict, got " + Repr(state) + ".")
+              .c_str());
     }
     nb::dict fields = nb::borrow<nb::dict>(state);
     if (StateField<int>(fields, "version") != kStateVersion) {
       throw nb::value_error(
           ("Unknown PjitFunction state version " + Repr(fields["version"]) +
-           "; this jaxlib reads version " + std::to_string(kStateVersion) +
-           ".").c_str());
+           "; this jaxlib reads version " + std::to_string(kStateVersion) + ".")
+              .c_str());
     }
     nb::object leaf_dispatch = StateField<nb::object>(fields, "leaf_dispatch");
-    Initialize(
-        reinterpret_cast<JitFunctionObject*>(self),
-        StateField<nb::object>(fields, "fun"),
-        StateField<nb::object>(fields, "make_dispatch"),
-        StateField<nb::object>(fields, "registry"),
-        StateField<std::vector<Py_ssize_t>>(fields, "static_argnums"),
-        StateField<std::vector<nb::str>>(fields, "static_argnames"),
-        leaf_dispatch.is_none() ? nb::object() : leaf_dispatch);
+    Initialize(reinterpret_cast<JitFunctionObject*>(self),
+               StateField<nb::object>(fields, "fun"),
+               StateField<nb::object>(fields, "make_dispatch"),
+               StateField<nb::object>(fields, "registry"),
+               StateField<std::vector<Py_ssize_t>>(fields, "static_argnums"),
+               StateField<std::vector<nb::str>>(fields, "static_argnames"),
+               leaf_dispatch.is_none() ? nb::object() : leaf_dispatch);
     return nb::none();
   });
 }

@@ -323,16 +323,32 @@ void DefSharingQueries(nb::class_<PyTreeDef>& cls) {
            "tree but for their sharing (else ValueError), sharing a node "
            "only where both do.",
            nb::sig("def common_sharing(self, other: PyTreeDef) -> PyTreeDef"))
-      .def("sharing_difference", &PyTreeDef::SharingDifference,
-           nb::arg("other"),
-           "The first place (pre-order) where this treedef and `other`, the "
-           "same tree but for their sharing (else ValueError), differ in "
-           "sharing: `(path, type, here, there)`, the place (a key path) and "
-           "its node's type, and the earlier place that is the same node in "
-           "this treedef and in `other` (None: a node of its own). None if "
-           "both share alike.",
-           nb::sig("def sharing_difference(self, other: PyTreeDef) -> "
-                   "tuple[tuple, type, tuple | None, tuple | None] | None"));
+      .def(
+          "sharing_difference",
+          [](const PyTreeDef& self, const PyTreeDef& other) {
+            return self.SharingDifference(other);
+          },
+          nb::arg("other"),
+          "The first place (pre-order) where this treedef and `other`, the "
+          "same tree but for their sharing (else ValueError), differ in "
+          "sharing: `(path, type, here, there)`, the place (a key path) and "
+          "its node's type, and the earlier place that is the same node in "
+          "this treedef and in `other` (None: a node of its own). None if "
+          "both share alike.",
+          nb::sig("def sharing_difference(self, other: PyTreeDef) -> "
+                  "tuple[tuple, type, tuple | None, tuple | None] | None"))
+      .def(
+          "sharing_differences",
+          [](const PyTreeDef& self, const PyTreeDef& other) {
+            return self.SharingDifference(other, /*every=*/true);
+          },
+          nb::arg("other"),
+          "Every place where this treedef and `other` differ in sharing, as "
+          "`sharing_difference` gives the first, in pre-order; the places "
+          "inside a differing node's subtree, which differ as it does, are "
+          "left out. Empty if both share alike.",
+          nb::sig("def sharing_differences(self, other: PyTreeDef) -> "
+                  "list[tuple[tuple, type, tuple | None, tuple | None]]"));
 }
 
 // PyTreeDef's repr, comparison, hash, proto and pickled state.

@@ -455,8 +455,11 @@ class PyTreeDef {
   // The first place, in pre-order, where this treedef and `other` (the same
   // tree but for sharing, else ValueError) differ in sharing: (its key path,
   // the node's type, the key path of the earlier place that is the same node
-  // here or None, the same there or None); None if they share alike.
-  nb::object SharingDifference(const PyTreeDef& other) const;
+  // here or None, the same there or None); None if they share alike. With
+  // `every`, a list of all such places but those inside a differing node's
+  // subtree (pre-order), empty if they share alike.
+  nb::object SharingDifference(const PyTreeDef& other,
+                               bool every = false) const;
   // This tree, sharing a node only where this treedef shares it and each
   // occurrence holds leaves of the same classes; `leaf_classes` has one class
   // per leaf of the tree laid out without sharing (Unshared()). Positions

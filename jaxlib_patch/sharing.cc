@@ -271,20 +271,23 @@ class AgreeingSharingWalk {
   std::unordered_map<Key, Py_ssize_t, KeyHash> written_;
 };
 
-// PyTreeDef.sharing_difference: walks two treedefs of one tree together, in
-// pre-order, and finds the first place where one repeats a node that the
-// other does not repeat, or repeats another.
+// PyTreeDef.sharing_difference(s): walks two treedefs of one tree together,
+// in pre-order, and finds the first place (or every place) where one repeats
+// a node that the other does not repeat, or repeats another. The walk does
+// not enter a differing node: the nodes inside it differ as it does.
 class SharingDifferenceWalk {
  public:
-  SharingDifferenceWalk(const PyTreeDef& a, const PyTreeDef& b)
+  SharingDifferenceWalk(const PyTreeDef& a, const PyTreeDef& b, bool every)
       : a_(a),
         b_(b),
+        every_(every),
         first_a_(a.traversal().size()),
         first_b_(b.traversal().size()) {}
 
   nb::object Run() {
     Visit(a_.traversal().size() - 1, b_.traversal().size() - 1);
-    return difference_.is_valid() ? difference_ : nb::none();
+    if (every_) return differences_;
+    return differences_.size() > 0 ? differences_[0] : nb::none();
   }
 
  private:
@@ -304,7 +307,7 @@ class SharingDifferenceWalk {
     return a_.KeyPath(*steps);
   }
 
-  // Returns false once a difference is found.
+  // Returns false to stop the walk: at the first difference, unless every_.
   bool Visit(Py_ssize_t at_a, Py_ssize_t at_b) {
     RecursionGuard guard(kInSharingQuery);
     const Py_ssize_t a = Resolve(a_, at_a), b = Resolve(b_, at_b);
@@ -314,25 +317,35 @@ class SharingDifferenceWalk {
                              ", not only in their sharing of nodes.")
                                 .c_str());
     }
-    if (KeepsIdentity(node.custom)) {
-      const Steps* seen_a = first_a_[a] ? &*first_a_[a] : nullptr;
-      const Steps* seen_b = first_b_[b] ? &*first_b_[b] : nullptr;
-      if (!SamePlace(seen_a, seen_b)) {
-        difference_ = nb::make_tuple(KeyPath(&steps_), node.custom->type,
-                                     KeyPath(seen_a), KeyPath(seen_b));
-        return false;
-      }
-      if (seen_a != nullptr) return true;  // Repeated in both: compared.
-      first_a_[a] = steps_;
-      first_b_[b] = steps_;
+    if (!KeepsIdentity(node.custom)) return VisitChildren(a, b);
+    const Steps* seen_a = first_a_[a] ? &*first_a_[a] : nullptr;
+    const Steps* seen_b = first_b_[b] ? &*first_b_[b] : nullptr;
+    const bool differs = !SamePlace(seen_a, seen_b);
+    if (differs && inside_difference_ == 0) {
+      differences_.append(nb::make_tuple(KeyPath(&steps_), node.custom->type,
+                                         KeyPath(seen_a), KeyPath(seen_b)));
+      if (!every_) return false;
     }
+    if (seen_a != nullptr && seen_b != nullptr) return true;  // Compared.
+    if (seen_a == nullptr) first_a_[a] = steps_;
+    if (seen_b == nullptr) first_b_[b] = steps_;
+    if (!differs) return VisitChildren(a, b);
+    // The places inside differ as this node does: they are walked only so
+    // that later places find where each node was first met.
+    ++inside_difference_;
+    const bool go_on = VisitChildren(a, b);
+    --inside_difference_;
+    return go_on;
+  }
+
+  bool VisitChildren(Py_ssize_t a, Py_ssize_t b) {
     const std::vector<Py_ssize_t> a_children = a_.ChildIndices(a);
     const std::vector<Py_ssize_t> b_children = b_.ChildIndices(b);
     for (size_t k = 0; k < a_children.size(); ++k) {
       steps_.push_back({a, k});
-      const bool same = Visit(a_children[k], b_children[k]);
+      const bool go_on = Visit(a_children[k], b_children[k]);
       steps_.pop_back();
-      if (!same) return false;
+      if (!go_on) return false;
     }
     return true;
   }
@@ -341,20 +354,23 @@ class SharingDifferenceWalk {
 
   const PyTreeDef& a_;
   const PyTreeDef& b_;
+  const bool every_;           // Else the walk stops at the first difference.
+  int inside_difference_ = 0;  // Differing nodes the walk is inside of.
   // By resolved node: the place where the walk first met it.
   std::vector<std::optional<Steps>> first_a_, first_b_;
   Steps steps_;
-  nb::object difference_;
+  nb::list differences_;
 };
 
 }  // namespace
 
-nb::object PyTreeDef::SharingDifference(const PyTreeDef& other) const {
+nb::object PyTreeDef::SharingDifference(const PyTreeDef& other,
+                                        bool every) const {
   registry();  // Raises on treedefs emptied by the garbage collector.
   other.registry();
   RequireNoExternalReferences(*this, "compare");
   RequireNoExternalReferences(other, "compare with");
-  return SharingDifferenceWalk(*this, other).Run();
+  return SharingDifferenceWalk(*this, other, every).Run();
 }
 
 PyTreeDef PyTreeDef::Unshared() const {

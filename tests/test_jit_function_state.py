@@ -16,8 +16,15 @@ from jaxlib_patch import pytree as pt
 from jit_stand_ins import REG, Recorder, make, new_recorder, target
 from nodes import PNode
 
-STATE_KEYS = {"version", "fun", "make_dispatch", "registry", "static_argnums",
-              "static_argnames", "leaf_dispatch"}
+STATE_KEYS = {
+    "version",
+    "fun",
+    "make_dispatch",
+    "registry",
+    "static_argnums",
+    "static_argnames",
+    "leaf_dispatch",
+}
 
 
 class LeafRecorder(Recorder):
@@ -30,9 +37,13 @@ class LeafRecorder(Recorder):
 def test_an_object_without_a_state_says_so():
   empty = pt.jit.PjitFunction()
   assert repr(empty) == "<PjitFunction>"
-  for touch in (lambda: empty(1.5), lambda: empty(PNode("n", [1])),
-                empty.__getstate__, empty._cache_size,
-                lambda: empty._cache_miss):
+  for touch in (
+      lambda: empty(1.5),
+      lambda: empty(PNode("n", [1])),
+      empty.__getstate__,
+      empty._cache_size,
+      lambda: empty._cache_miss,
+  ):
     with pytest.raises(ValueError, match="has no function"):
       touch()
   assert pt.jit.PjitFunction.__new__(pt.jit.PjitFunction, 1, k=2) is not None
@@ -40,8 +51,9 @@ def test_an_object_without_a_state_says_so():
 
 @pytest.mark.parametrize("leaf", [None, LeafRecorder("leaf result")])
 def test_the_state_rebuilds_the_function(leaf):
-  jitted, dispatch = make(static_argnums=(1,), static_argnames=("mode",),
-                          leaf=leaf)
+  jitted, dispatch = make(
+      static_argnums=(1,), static_argnames=("mode",), leaf=leaf
+  )
   state = jitted.__getstate__()
   assert set(state) == STATE_KEYS
   assert state["fun"] is target and state["registry"] is REG
@@ -87,8 +99,14 @@ def test_setstate_on_a_live_function_takes_the_new_one():
         (lambda state: dict(state, registry=object()), TypeError),
         (lambda state: dict(state, static_argnums=["0"]), TypeError),
         (lambda state: dict(state, static_argnames=[0]), TypeError),
-    ] + [(lambda state, key=key: {k: v for k, v in state.items() if k != key},
-          KeyError) for key in sorted(STATE_KEYS)],
+    ]
+    + [
+        (
+            lambda state, key=key: {k: v for k, v in state.items() if k != key},
+            KeyError,
+        )
+        for key in sorted(STATE_KEYS)
+    ],
 )
 def test_a_bad_state_is_refused_and_changes_nothing(change, error):
   jitted, dispatch = make()
@@ -101,8 +119,11 @@ def test_a_bad_state_is_refused_and_changes_nothing(change, error):
 def test_copies_and_pickles_call_alike(how):
   jitted = pt.jit.make_jit_function(target, new_recorder, REG, [1], ["mode"])
   jitted.__wrapped__ = target
-  made = {"copy": copy.copy, "deepcopy": copy.deepcopy,
-          "pickle": lambda f: pickle.loads(pickle.dumps(f))}[how](jitted)
+  made = {
+      "copy": copy.copy,
+      "deepcopy": copy.deepcopy,
+      "pickle": lambda f: pickle.loads(pickle.dumps(f)),
+  }[how](jitted)
   assert type(made) is pt.jit.PjitFunction and made is not jitted
   assert made(PNode("n", [1]), 2, mode="m") == "result"
   # As stock's copies: the instance __dict__ is not part of the state.

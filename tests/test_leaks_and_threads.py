@@ -467,6 +467,7 @@ def cleared_treedef_operations(td, other):
       "unshared": td.unshared,
       "common_sharing": lambda: td.common_sharing(other),
       "sharing_difference": lambda: other.sharing_difference(td),
+      "sharing_differences": lambda: other.sharing_differences(td),
       "expansion_indices": lambda: td.expansion_indices(other),
   }
 

@@ -1,6 +1,7 @@
 """Property tests of the queries that relate two sharings of one tree:
 ``unshared()``, ``expansion_indices(finer)``, ``expand_leaves(finer,
-leaves)``, ``common_sharing(other)`` and ``sharing_difference(other)``, on sharing_model.py's random DAGs, against
+leaves)``, ``common_sharing(other)``, ``sharing_difference(other)`` and
+``sharing_differences(other)``, on sharing_model.py's random DAGs, against
 its model; and their errors on other trees and deep ones.
 """
 
@@ -129,6 +130,36 @@ def test_sharing_difference_finds_the_first_place(x, data):
     # The earlier places come before the place itself (pre-order).
     for earlier in (here, there):
       assert earlier is None or earlier != path
+
+
+@SETTINGS
+@given(dags(), st.data())
+def test_sharing_differences_finds_every_outermost_place(x, data):
+  """sharing_differences lists every place sharing_difference could name
+  (here, where up to two references were broken), the first first,
+  whichever asks, none inside a differing node."""
+  _, td = flatten(x)
+  other = drawn_breakage(drawn_breakage(x, data), data)
+  _, other_td = flatten(other)
+  assert td.sharing_differences(td) == []
+  differences = td.sharing_differences(other_td)
+  assert (differences == []) == (td == other_td)
+  assert (differences[0] if differences else None) == td.sharing_difference(
+      other_td
+  )
+  assert other_td.sharing_differences(td) == [
+      (path, node_type, there, here)
+      for path, node_type, here, there in differences
+  ]
+  paths = [path for path, _, _, _ in differences]
+  for k, (path, node_type, here, there) in enumerate(differences):
+    assert type(follow(x, path)) is node_type and here != there
+    if here is not None:
+      assert follow(x, here) is follow(x, path)
+    # Not inside another differing node, nor named twice.
+    assert not any(
+        path[: len(outer)] == outer for outer in paths[:k] + paths[k + 1 :]
+    )
 
 
 def test_sharing_queries_reject_other_trees():

@@ -3,8 +3,6 @@ and float32 matrix products at full precision."""
 
 import os
 
-import pytest
-
 _FLAG = "--xla_force_host_platform_device_count"
 if _FLAG not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = (
@@ -28,13 +26,3 @@ def pytest_configure(config):
   config.addinivalue_line(
       "filterwarnings", "error::jax.tree_util.TiedByOptInWarning"
   )
-
-
-@pytest.fixture(autouse=True)
-def _each_test_is_told_of_its_own_split_ties():
-  # A split is reported once per function and place in a process; each test
-  # starts afresh, so that what it is told does not depend on the order.
-  from jax._src import tree_identities  # pylint: disable=g-import-not-at-top
-
-  tree_identities._reported_split_ties.clear()
-  yield

@@ -40,9 +40,15 @@ import numpy as np
 FUNCTION_PARAMETERS = ("fun", "f", "func", "fn", "function")
 # Public modules that start services, or whose functions act on the process
 # when called, are scanned for signatures only.
-CALLED_NEVER = ("jax.distributed", "jax.profiler", "jax.config",
-                "jax.monitoring", "jax.experimental.profiler",
-                "jax.experimental.compilation_cache", "jax.debug")
+CALLED_NEVER = (
+    "jax.distributed",
+    "jax.profiler",
+    "jax.config",
+    "jax.monitoring",
+    "jax.experimental.profiler",
+    "jax.experimental.compilation_cache",
+    "jax.debug",
+)
 
 
 def public_modules():
@@ -90,7 +96,9 @@ def describe(value):
   if isinstance(value, (tuple, list)):
     return f"{type(value).__name__}[{', '.join(map(describe, value))}]"
   if isinstance(value, dict):
-    return "{" + ", ".join(f"{k}: {describe(v)}" for k, v in value.items()) + "}"
+    return (
+        "{" + ", ".join(f"{k}: {describe(v)}" for k, v in value.items()) + "}"
+    )
   text = re.sub(r" at 0x[0-9a-f]+", "", repr(value))
   return re.sub(r"\b(jaxlib_patch\.pytree\.jit|jaxlib\._jax)\.", "", text)
 
@@ -121,9 +129,10 @@ def takes_a_function_first(obj):
     return False
   if not parameters or parameters[0].name not in FUNCTION_PARAMETERS:
     return False
-  return all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL,
-                                                     p.VAR_KEYWORD)
-             for p in parameters[1:])
+  return all(
+      p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+      for p in parameters[1:]
+  )
 
 
 def transformed():
@@ -141,8 +150,9 @@ def transformed():
       continue
     row = {"call": outcome(lambda: result(x))}
     for kind, made in copies(result).items():
-      row[kind] = (made if isinstance(made, str) else
-                   outcome(lambda made=made: made(x)))
+      row[kind] = (
+          made if isinstance(made, str) else outcome(lambda made=made: made(x))
+      )
     out[name] = row
   return out
 
@@ -185,12 +195,18 @@ def protocols(kind, jitted):
       "call": outcome(lambda: call(jitted)),
       "repr": describe(jitted),
       "signature": outcome(lambda: str(inspect.signature(jitted))),
-      "hash_eq": outcome(lambda: (hash(jitted) == hash(jitted),
-                                  jitted == jitted, jitted == copy.copy(jitted))),
+      "hash_eq": outcome(
+          lambda: (
+              hash(jitted) == hash(jitted),
+              jitted == jitted,
+              jitted == copy.copy(jitted),
+          )
+      ),
       "weakref": outcome(lambda: weakref.ref(jitted)() is jitted),
       "cache_size": outcome(jitted._cache_size),
-      "clear_cache": outcome(lambda: (jitted._clear_cache(),
-                                      jitted._cache_size())),
+      "clear_cache": outcome(
+          lambda: (jitted._clear_cache(), jitted._cache_size())
+      ),
       "cache_miss": outcome(lambda: callable(jitted._cache_miss)),
   }
   if kind == "plain":
@@ -225,11 +241,14 @@ def signature(obj):
     found = inspect.signature(obj)
   except Exception as e:  # pylint: disable=broad-except
     return f"raises {type(e).__name__}"
+
   def text(value):
     return None if value is inspect.Parameter.empty else describe(value)
-  return [[p.name, p.kind.name, text(p.annotation), text(p.default)]
-          for p in found.parameters.values()] + [
-              text(found.return_annotation)]
+
+  return [
+      [p.name, p.kind.name, text(p.annotation), text(p.default)]
+      for p in found.parameters.values()
+  ] + [text(found.return_annotation)]
 
 
 def _from_state(jitted):
@@ -274,8 +293,9 @@ def main():
       "jit": {kind: protocols(kind, f) for kind, f in jitted_kinds().items()},
       "transformed": transformed(),
       "modules": sorted(public_modules()),
-      "signatures": {name: signature(obj)
-                     for name, obj in public_callables().items()},
+      "signatures": {
+          name: signature(obj) for name, obj in public_callables().items()
+      },
   }
   if opt_in:
     result["ties"] = ties()

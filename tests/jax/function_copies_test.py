@@ -16,6 +16,7 @@ from absl.testing import parameterized
 from jax._src import test_util as jtu
 
 import stock_reference
+import surface_coverage
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "function_copies.py")
 
@@ -32,20 +33,14 @@ ADDED_KEYWORDS = {
     "full_treedef",
 }
 # The public names the opt-in adds.
-ADDED_NAMES = {
-    "jax.tree_util.preserve_relative_identities",
-    "jax.tree_util.has_relative_identities",
-    "jax.tree_util.tree_retie",
-    "jax.tree_util.tree_unshare",
-    "jax.tree_util.SplitTieError",
-    "jax.tree_util.SplitTieWarning",
-    "jax.tree_util.TiedByOptInWarning",
-}
+ADDED_NAMES = surface_coverage.OPT_IN_API
 # Public modules the series adds.
 ADDED_MODULES = {"jax.experimental.leaf_files"}
 # What the registries' repr says in a default value of a signature.
-REGISTRY_REPRS = ("<pytree.PyTreeRegistry object>",
-                  "<jaxlib_patch.pytree.PyTreeRegistry object>")
+REGISTRY_REPRS = (
+    "<pytree.PyTreeRegistry object>",
+    "<jaxlib_patch.pytree.PyTreeRegistry object>",
+)
 
 
 def _ours(*args):
@@ -101,10 +96,20 @@ class FunctionCopiesTest(parameterized.TestCase):
     ours, stock = self.runs[mode]
     # The scan finds the transformations by their signatures: the common
     # ones among them show that it ran.
-    for name in ("jax.jit", "jax.grad", "jax.value_and_grad", "jax.vmap",
-                 "jax.jacfwd", "jax.jacrev", "jax.hessian", "jax.checkpoint",
-                 "jax.custom_jvp", "jax.custom_vjp", "jax.pmap",
-                 "jax.named_call"):
+    for name in (
+        "jax.jit",
+        "jax.grad",
+        "jax.value_and_grad",
+        "jax.vmap",
+        "jax.jacfwd",
+        "jax.jacrev",
+        "jax.hessian",
+        "jax.checkpoint",
+        "jax.custom_jvp",
+        "jax.custom_vjp",
+        "jax.pmap",
+        "jax.named_call",
+    ):
       self.assertIn(name, stock["transformed"])
     self.assertEqual(set(ours["transformed"]), set(stock["transformed"]))
     for name, row in stock["transformed"].items():
@@ -123,20 +128,26 @@ class FunctionCopiesTest(parameterized.TestCase):
     self.assertLessEqual(ADDED_MODULES, modules_here_only)
     for name in set(ours["signatures"]) - set(stock["signatures"]):
       with self.subTest(name=name):
-        self.assertTrue(name in ADDED_NAMES or
-                        name.rsplit(".", 1)[0] in modules_here_only)
+        self.assertTrue(
+            name in ADDED_NAMES or name.rsplit(".", 1)[0] in modules_here_only
+        )
     for name, signature in stock["signatures"].items():
       with self.subTest(name=name):
-        self.assertEqual(_stock_signature(ours["signatures"][name]),
-                         _stock_signature(signature))
+        self.assertEqual(
+            _stock_signature(ours["signatures"][name]),
+            _stock_signature(signature),
+        )
 
   def test_a_pickled_jitted_function_keeps_ties(self):
     ours, _ = self.runs["opt-in"]
     # [the two places are one object, a new one], per copy.
     self.assertEqual(
         ours["ties"],
-        {name: [True, True]
-         for name in ("original", "copy", "deepcopy", "cloudpickle")})
+        {
+            name: [True, True]
+            for name in ("original", "copy", "deepcopy", "cloudpickle")
+        },
+    )
 
 
 if __name__ == "__main__":

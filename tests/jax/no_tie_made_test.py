@@ -27,10 +27,14 @@ POOL = [np.full(2, float(k)) for k in range(3)]
 def tied_trees(draw, places):
   """({place: Param}, the group of each place): the places of a group hold
   one Param; each group's leaf is one of POOL's arrays."""
-  groups = draw(st.lists(st.integers(0, places - 1), min_size=places,
-                         max_size=places))
-  leaves = draw(st.lists(st.sampled_from(range(len(POOL))), min_size=places,
-                         max_size=places))
+  groups = draw(
+      st.lists(st.integers(0, places - 1), min_size=places, max_size=places)
+  )
+  leaves = draw(
+      st.lists(
+          st.sampled_from(range(len(POOL))), min_size=places, max_size=places
+      )
+  )
   params = {g: Param(POOL[leaves[g]]) for g in set(groups)}
   return {f"p{k}": params[g] for k, g in enumerate(groups)}, groups
 
@@ -48,31 +52,36 @@ def _map(with_path, trees):
 class NoTieMadeTest(jtu.JaxTestCase):
 
   @settings(max_examples=150, deadline=None)
-  @given(data=st.data(), places=st.integers(2, 5), others=st.integers(1, 2),
-         with_path=st.booleans())
-  def test_the_result_ties_only_what_the_first_tree_ties(self, data, places,
-                                                         others, with_path):
-    trees, groups = zip(*(data.draw(tied_trees(places))
-                          for _ in range(1 + others)))
+  @given(
+      data=st.data(),
+      places=st.integers(2, 5),
+      others=st.integers(1, 2),
+      with_path=st.booleans(),
+  )
+  def test_the_result_ties_only_what_the_first_tree_ties(
+      self, data, places, others, with_path
+  ):
+    trees, groups = zip(
+        *(data.draw(tied_trees(places)) for _ in range(1 + others))
+    )
     names = [f"p{k}" for k in range(places)]
     with config.split_ties("allow"):
       result = _map(with_path, trees)
-    expected = _map(with_path,
-                    [jax.tree_util.tree_unshare(t) for t in trees])
+    expected = _map(with_path, [jax.tree_util.tree_unshare(t) for t in trees])
     for name in names:  # Stock's values, place by place.
-      np.testing.assert_array_equal(result[name].value,
-                                    expected[name].value)
+      np.testing.assert_array_equal(result[name].value, expected[name].value)
     split = False
     for i, a in enumerate(names):
-      for b in names[i + 1:]:
+      for b in names[i + 1 :]:
         tied_first = trees[0][a] is trees[0][b]
         values_agree = all(t[a].value is t[b].value for t in trees)
         # Tied exactly where the first tree ties and nothing tells the
         # places apart; never where the first tree holds two objects.
-        self.assertEqual(result[a] is result[b], tied_first and values_agree,
-                         (a, b, groups))
+        self.assertEqual(
+            result[a] is result[b], tied_first and values_agree, (a, b, groups)
+        )
         # Told: a tie of any tree whose places the values tell apart.
-        split |= (any(t[a] is t[b] for t in trees) and not values_agree)
+        split |= any(t[a] is t[b] for t in trees) and not values_agree
     # Told exactly where the values split some tree's tie.
     with config.split_ties("raise"):
       if split:
@@ -89,8 +98,10 @@ class NoTieMadeTest(jtu.JaxTestCase):
     with config.split_ties("raise"):
       moved = jax.tree.map(lambda v, s: v + s, model, {"a": scale, "b": scale})
     self.assertIsNot(moved["a"], moved["b"])
-    grads = jax.grad(lambda m: jax.numpy.sum((m["a"].value - 1) ** 2) +
-                     jax.numpy.sum((m["b"].value + 2) ** 2))(moved)
+    grads = jax.grad(
+        lambda m: jax.numpy.sum((m["a"].value - 1) ** 2)
+        + jax.numpy.sum((m["b"].value + 2) ** 2)
+    )(moved)
     np.testing.assert_array_equal(grads["a"].value, [0.0, 0.0])
     np.testing.assert_array_equal(grads["b"].value, [6.0, 6.0])
 

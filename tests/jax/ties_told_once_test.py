@@ -58,7 +58,8 @@ class Model:
 def _split_ties_told(function):
   """What `function()` returns, and the SplitTieWarnings it gave."""
   with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
+    # Python's default: once per line of the user's and message.
+    warnings.simplefilter("default")
     result = function()
   told = [
       str(w.message)
@@ -200,6 +201,27 @@ class TiesToldOnceTest(jtu.JaxTestCase):
     _, second = _split_ties_told(lambda: mapped(Pair(shared, shared)))
     self.assertLen(first, 1)
     self.assertLen(second, 1)
+
+  def test_telling_follows_the_warnings_filters(self):
+    tied = lambda: Model(*(2 * [Param(jnp.ones(3))]))
+    split = lambda m: jax.tree.map(
+        lambda v, s: v + s, m, Model(Param(0.0), Param(1.0))
+    )
+    category = tree_util.SplitTieWarning
+    with warnings.catch_warnings(record=True) as caught:
+      # Hidden first, then told at the same line: 'ignore' keeps nothing.
+      warnings.simplefilter("ignore", category)
+      for _ in range(2):
+        split(tied())
+      warnings.simplefilter("default", category)
+      for _ in range(2):
+        split(tied())  # Once for this line.
+    self.assertLen([w for w in caught if w.category is category], 1)
+    with warnings.catch_warnings():
+      warnings.simplefilter("error", category)
+      for _ in range(2):  # Every call raises.
+        with self.assertRaises(category):
+          split(tied())
 
 
 if __name__ == "__main__":

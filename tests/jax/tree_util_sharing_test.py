@@ -309,8 +309,9 @@ class TreeOpsTest(jtu.JaxTestCase):
     x = np.arange(2.0)
     with warnings.catch_warnings():
       warnings.simplefilter("error")
-      out = jax.tree.map(lambda a, b: a + b, Parent(Child(x), Child(x)),
-                         Parent(child, child))
+      out = jax.tree.map(
+          lambda a, b: a + b, Parent(Child(x), Child(x)), Parent(child, child)
+      )
     self.assertIsNot(out.left, out.right)
 
   def test_leaves_and_structure(self):

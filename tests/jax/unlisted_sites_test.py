@@ -61,10 +61,8 @@ def _leaf(seed):
 
 
 def _told(run):
-  """What `run()` returns, and the SplitTieWarnings it gave, each place
-  told afresh (a split is told once per call site and place in a process,
-  and every generated example calls from the same line)."""
-  tree_identities._reported_split_ties.clear()
+  """What `run()` returns, and the SplitTieWarnings it gave (every one:
+  every generated example calls from the same line)."""
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     result = run()
