@@ -210,7 +210,7 @@ constexpr int kStateVersion = 1;
 // its cache-miss callable and its options: the function, what builds the
 // dispatches and the registry, not the caches built from them (a loaded copy
 // builds its own) nor the instance __dict__ (stock's copies have none
-// either).
+// either); and, read only, the function's name as stock's state gives it.
 PyObject* JitFunctionGetState(PyObject* self, PyObject*) {
   return Guarded([&] {
     JitFunctionObject* o = Self(self);
@@ -224,6 +224,16 @@ PyObject* JitFunctionGetState(PyObject* self, PyObject*) {
         nb::steal(PySequence_List(o->static_argnames.ptr()));
     state["leaf_dispatch"] =
         o->leaf_dispatch.is_valid() ? o->leaf_dispatch : nb::none();
+    // As stock's state names the function: the name its dispatch was given
+    // (a stock PjitFunction's state has it).
+    nb::object dispatch =
+        o->leaf_dispatch.is_valid() ? o->leaf_dispatch : Dispatch(o);
+    nb::object dispatch_state = dispatch.attr("__getstate__")();
+    if (PyDict_Check(dispatch_state.ptr())) {
+      PyObject* name =  // Borrowed.
+          PyDict_GetItemString(dispatch_state.ptr(), "function_name");
+      if (name != nullptr) state["function_name"] = nb::handle(name);
+    }
     return nb::object(state);
   });
 }

@@ -216,7 +216,7 @@ class JitFrontDoorTest(jtu.JaxTestCase):
       with self.subTest(arg=arg):
         self.assertEqual(names[names.index("caller") + 1 :], stock_frames)
 
-  def test_the_dispatch_names_the_function(self):
+  def test_getstate_names_the_function(self):
     cases = {
         "function": (double, "double"),
         "partial": (functools.partial(double), "double"),
@@ -231,9 +231,7 @@ class JitFrontDoorTest(jtu.JaxTestCase):
     cases["named partial"] = (named, "named")
     for label, (fun, name) in cases.items():
       with self.subTest(label):
-        # The stock dispatch is named as stock names its own.
-        leaf_dispatch = jax.jit(fun).__getstate__()["leaf_dispatch"]
-        self.assertEqual(leaf_dispatch.__getstate__()["function_name"], name)
+        self.assertEqual(jax.jit(fun).__getstate__()["function_name"], name)
 
   def test_wraps_copies_no_jit_attribute(self):
     jitted = jax.jit(double)

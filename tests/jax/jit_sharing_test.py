@@ -206,6 +206,12 @@ class JitSharingTest(jtu.JaxTestCase):
     jf = jax.jit(f)
     traced = jf.trace(parent)
     self.assertLen(traced.jaxpr.in_avals, 1)
+    # The tree of avals is laid out as args_info and in_tree: tied.
+    (tied,), _ = traced.args_info
+    self.assertIs(tied.left, tied.right)
+    (avals,), _ = traced.in_avals
+    self.assertIs(avals.left, avals.right)
+    self.assertEqual(jax.tree.structure(traced.in_avals), traced.in_tree)
     shapes = jf.eval_shape(parent)
     self.assertIs(shapes[0].left, shapes[0].right)
     self.assertEqual(shapes[1].shape, ())
