@@ -208,6 +208,10 @@ SITES = {
         SHARING,
         "the AOT stage's argument tree, as jit flattened it",
     ),
+    ("stages", "Stage.in_avals", "identity_tracing_registry.flatten"): (
+        SHARING,
+        "the tree of input avals, laid out as in_tree (args_info's ties)",
+    ),
     ("stages", "Stage.donate_argnums", "identity_tracing_registry.flatten"): (
         SHARING,
         "the donated flat arguments, indexed as in_tree lays them out",
