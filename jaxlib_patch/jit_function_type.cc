@@ -203,6 +203,13 @@ PyObject* JitFunctionClearCache(PyObject* self, PyObject*) {
   });
 }
 
+// The stock dispatch whose state and cache-miss callable are stock's own
+// (the user's arguments as they are): the leaf dispatch, else the one that
+// takes a DispatchArgs.
+nb::object StockShapedDispatch(JitFunctionObject* o) {
+  return o->leaf_dispatch.is_valid() ? o->leaf_dispatch : Dispatch(o);
+}
+
 // The version of the state below; __setstate__ refuses any other.
 constexpr int kStateVersion = 1;
 
@@ -226,9 +233,7 @@ PyObject* JitFunctionGetState(PyObject* self, PyObject*) {
         o->leaf_dispatch.is_valid() ? o->leaf_dispatch : nb::none();
     // As stock's state names the function: the name its dispatch was given
     // (a stock PjitFunction's state has it).
-    nb::object dispatch =
-        o->leaf_dispatch.is_valid() ? o->leaf_dispatch : Dispatch(o);
-    nb::object dispatch_state = dispatch.attr("__getstate__")();
+    nb::object dispatch_state = StockShapedDispatch(o).attr("__getstate__")();
     if (PyDict_Check(dispatch_state.ptr())) {
       PyObject* name =  // Borrowed.
           PyDict_GetItemString(dispatch_state.ptr(), "function_name");
@@ -284,14 +289,10 @@ PyObject* JitFunctionSetState(PyObject* self, PyObject* state) {
   });
 }
 
-// As stock's: what a cache miss of the user's arguments calls, the leaf
-// dispatch's (the DispatchArgs dispatch's only where there is none).
+// As stock's: what a cache miss of the user's arguments calls.
 PyObject* JitFunctionCacheMiss(PyObject* self, void*) {
   return Guarded([&] {
-    JitFunctionObject* o = Self(self);
-    nb::object dispatch =
-        o->leaf_dispatch.is_valid() ? o->leaf_dispatch : Dispatch(o);
-    return nb::object(dispatch.attr("_cache_miss"));
+    return nb::object(StockShapedDispatch(Self(self)).attr("_cache_miss"));
   });
 }
 

@@ -273,8 +273,9 @@ class AgreeingSharingWalk {
 
 // PyTreeDef.sharing_difference(s): walks two treedefs of one tree together,
 // in pre-order, and finds the first place (or every place) where one repeats
-// a node that the other does not repeat, or repeats another. The walk does
-// not enter a differing node: the nodes inside it differ as it does.
+// a node that the other does not repeat, or repeats another. The places
+// inside a differing node differ as it does: they are walked, quietly, only
+// to note where each node is first met.
 class SharingDifferenceWalk {
  public:
   SharingDifferenceWalk(const PyTreeDef& a, const PyTreeDef& b, bool every)
