@@ -3,7 +3,8 @@ stock JAX and on the custom wheels (function_copies_test.py compares the two):
 prints one JSON object of
 
 * ``jit``: per kind of jitted function (plain, static-argument, donated,
-  method-bound), how the object answers each name of ``dir()`` and each
+  method-bound), how the object answers each name of ``dir()`` (its value
+  where it is text, else the kind of object) and each
   protocol (copy, deepcopy, pickle through cloudpickle, weak reference,
   method binding, signature, repr, hash and ==, lower/trace/eval_shape, the
   cache queries, ``__new__`` then ``__setstate__``);
@@ -220,6 +221,7 @@ def protocols(kind, jitted):
   if kind != "method":
     row["dir"] = sorted(dir(jitted))
     row["dict"] = sorted(vars(jitted))
+    row["attributes"] = {name: attribute(jitted, name) for name in dir(jitted)}
   for name, made in copies(jitted).items():
     if isinstance(made, str):
       row[name] = made
@@ -249,6 +251,19 @@ def signature(obj):
       [p.name, p.kind.name, text(p.annotation), text(p.default)]
       for p in found.parameters.values()
   ] + [text(found.return_annotation)]
+
+
+def attribute(obj, name):
+  """How `obj` answers `name`: its value where it is text or None (names,
+  docs), "callable" for what can be called (a method of C++ is a builtin
+  method on stock and nanobind's on ours), else the kind of object."""
+  try:
+    value = getattr(obj, name)
+  except Exception as e:  # pylint: disable=broad-except
+    return f"raises {type(e).__name__}"
+  if value is None or isinstance(value, str):
+    return describe(value)
+  return "callable" if callable(value) else type(value).__name__
 
 
 def _from_state(jitted):
