@@ -9,8 +9,11 @@ from a few arrays so that values agree at some places and not at others.
 Values are judged against the map of the trees laid out as stock lays them
 out."""
 
+import functools
+
 import jax
 from absl.testing import absltest
+from absl.testing import parameterized
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax._src import config
@@ -49,7 +52,7 @@ def _map(with_path, trees):
   return jax.tree.map(_add, *trees)
 
 
-class NoTieMadeTest(jtu.JaxTestCase):
+class NoTieMadeTest(jtu.JaxTestCase, parameterized.TestCase):
 
   @settings(max_examples=150, deadline=None)
   @given(
@@ -89,6 +92,32 @@ class NoTieMadeTest(jtu.JaxTestCase):
           _map(with_path, trees)
       else:
         _map(with_path, trees)
+
+  @parameterized.parameters("direct", "jit", "vmap", "partial")
+  def test_reached_through_a_transformation(self, how):
+    # However the map is reached, a tie of the first tree that every tree
+    # holds alike is kept, and places the first tree holds apart stay apart.
+    def mapped(m, s):
+      return jax.tree.map(lambda v, s: v + s, m, {"a": s, "b": s})
+
+    call = {
+        "direct": mapped,
+        "jit": jax.jit(mapped),
+        "vmap": jax.vmap(mapped),
+        "partial": functools.partial(mapped),
+    }[how]
+    x = np.ones((2, 2), np.float32)
+    scale = Param(np.ones((2, 2), np.float32))
+    p = Param(x)
+    with config.split_ties("raise"):
+      tied = call({"a": p, "b": p}, scale)
+    # (Traced, the two layers' leaves are two tracers, which tell the
+    # scale's places apart: that is told, so it is allowed here.)
+    with config.split_ties("allow"):
+      apart = call({"a": Param(x), "b": Param(x)}, scale)
+    self.assertIs(tied["a"], tied["b"])
+    self.assertIsNot(apart["a"], apart["b"])
+    np.testing.assert_array_equal(apart["a"].value, x + 1.0)
 
   def test_a_scale_held_once_ties_no_layers(self):
     # The issue's case: two layers around one array, a scale held once.
