@@ -4,8 +4,8 @@ tie the user made that is split is reported (jax_split_ties).
 A shared node stays one node in jax.tree.map's result wherever every tree
 holds the very same objects at its places; where the values differ, the
 places are mapped apart (what stock computes on copies) and the user is
-told, once per function and place, with both key paths: a warning by
-default, SplitTieError under "raise", nothing under "allow". Library code
+told, at the user's line as Python's warnings decide, with both key paths:
+a warning by default, SplitTieError under "raise", nothing under "allow". Library code
 that aliases objects incidentally (the solvers, Optax's L-BFGS, Equinox's
 loops) never triggers it.
 """

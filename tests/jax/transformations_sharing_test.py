@@ -287,7 +287,7 @@ class ControlFlowSharingTest(jtu.JaxTestCase):
       )
       self.assertIs(out.enc, out.dec)
     # Branches that share differently: the output shares where both do,
-    # and the user is told that the tie is split (once per function).
+    # and the user is told that the tie is split.
     with self.assertWarnsRegex(
         jax.tree_util.SplitTieWarning,
         r"jax\.lax\.cond split a tie: the Param at result\.enc and "
