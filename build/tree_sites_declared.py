@@ -485,4 +485,14 @@ SITES = {
         "the callback's arguments, and its result spec: the spec's "
         "sharing is the result's",
     ),
+    # Telling a split tie.
+    (
+        "written_out_ties",
+        "_places_of_pairs",
+        "tree_identities.tree_flatten_with_path",
+    ): (
+        SHARING,
+        "names where a split pair sits in the user's tree: each object's "
+        "first place, one visit per shared node",
+    ),
 }
