@@ -485,6 +485,29 @@ SITES = {
         "the callback's arguments, and its result spec: the spec's "
         "sharing is the result's",
     ),
+    # Checks and effects of each leaf: each leaf once.
+    ("api", "jacfwd.jacfun", "tree_identities.tree_leaves"): (
+        SHARING,
+        "the dtype checks of the arguments and of the result: a check of "
+        "each leaf, each once",
+    ),
+    ("api", "jacrev.jacfun", "tree_identities.tree_leaves"): (
+        SHARING,
+        "the dtype checks of the arguments and of the result: a check of "
+        "each leaf, each once",
+    ),
+    ("api", "copy_to_host_async", "tree_identities.tree_leaves"): (
+        SHARING,
+        "starts each leaf's copy to the host, each leaf once",
+    ),
+    ("callback", "io_callback", "tree_identities.tree_leaves"): (
+        SHARING,
+        "the check of each leaf of the result spec, each once",
+    ),
+    ("lax.lax", "dce_sink", "tree_identities.tree_leaves"): (
+        SHARING,
+        "marks each leaf used, each once",
+    ),
     # Telling a split tie.
     (
         "written_out_ties",

@@ -30,54 +30,54 @@ SHALLOW, DEEP = 2, 6
 # Unique nodes grow (DEEP + 1) / (SHALLOW + 1) = 2.3 times, places 16 times.
 MOST_GROWTH = 5.0
 
-# The adapters that still walk a shared DAG once per place (counted on
-# 2026-12-07, the wheels of 0540868): checks and walks in stock's layout
-# (jacfwd's and jacrev's dtype checks and basis, switch's branch check,
-# checkify's argument names, pure_callback's shape check, ...), and the
-# functions whose rule or callback stock gives a copy of each place (custom
-# rules, linear solves, callbacks, ravel_pytree's vector), where whether a
-# copy per place must stay is to be decided per function. The test fails
-# when one of them becomes linear, so that this stays the list of what is
-# left; each is a case of issue 61 until it is off the list.
-PER_PLACE = frozenset(
-    {
-        "jax.closure_convert",
-        "jax.copy_to_host_async",
-        "jax.custom_batching.custom_vmap",
-        "jax.custom_batching.sequential_vmap",
-        "jax.custom_derivatives.linear_call",
-        "jax.custom_gradient",
-        "jax.custom_jvp",
-        "jax.custom_vjp",
-        "jax.custom_vjp[symbolic_zeros]",
-        "jax.experimental.checkify.checkify",
-        "jax.experimental.io_callback",
-        "jax.experimental.ode.odeint",
-        "jax.experimental.sparse.sparsify",
-        "jax.flatten_util.ravel_pytree",
-        "jax.fwd_and_bwd",
-        "jax.hessian",
-        "jax.jacfwd",
-        "jax.jacobian",
-        "jax.jacrev",
-        "jax.jvp[tangents_share_more]",
-        "jax.lax.custom_linear_solve",
-        "jax.lax.custom_linear_solve[symmetric]",
-        "jax.lax.custom_root",
-        "jax.lax.dce_sink",
-        "jax.lax.scan[scan3]",
-        "jax.lax.switch",
-        "jax.linear_transpose",
-        "jax.linearize[tangents_share_more]",
-        "jax.pure_callback",
-        "jax.pure_callback[vmap]",
-        "jax.scipy.sparse.linalg.bicgstab",
-        "jax.scipy.sparse.linalg.cg",
-        "jax.scipy.sparse.linalg.cg[x0]",
-        "jax.scipy.sparse.linalg.gmres",
-        "jax.vjp",
-    }
+# The adapters that walk a shared DAG once per place (counted on 2026-12-07,
+# the series of this commit), each with why; the test fails when one of
+# them becomes linear, so that this stays the list of what is left.
+_GIVEN_PER_PLACE = (
+    "the adapter itself hands it a tree with a new node at every place "
+    "(cotangents or tangents built per place, a branch returning copies): "
+    "the tree it is given has as many nodes as places"
 )
+_RULES_GET_COPIES = (
+    "a rule or callback of the user's that stock gives one copy of each "
+    "place (custom derivatives, batching and linear-solve rules): the "
+    "rule's arguments are written out at each place on purpose"
+)
+_VALUES_PER_PLACE = (
+    "stock's values count each place (ravel_pytree's vector, the solvers' "
+    "inner products): walking each node once would change them"
+)
+_STOCK_LAYOUT_TRACE = (
+    "traces the user's function on arguments flattened as stock flattens "
+    "them (issue 61: to keep identities, as vmap does)"
+)
+PER_PLACE = {
+    "jax.closure_convert": _RULES_GET_COPIES,
+    "jax.custom_batching.custom_vmap": _RULES_GET_COPIES,
+    "jax.custom_batching.sequential_vmap": _RULES_GET_COPIES,
+    "jax.custom_derivatives.linear_call": _RULES_GET_COPIES,
+    "jax.custom_gradient": _RULES_GET_COPIES,
+    "jax.custom_jvp": _RULES_GET_COPIES,
+    "jax.custom_vjp": _RULES_GET_COPIES,
+    "jax.custom_vjp[symbolic_zeros]": _RULES_GET_COPIES,
+    "jax.experimental.ode.odeint": _RULES_GET_COPIES,
+    "jax.lax.custom_linear_solve": _RULES_GET_COPIES,
+    "jax.lax.custom_linear_solve[symmetric]": _RULES_GET_COPIES,
+    "jax.lax.custom_root": _RULES_GET_COPIES,
+    "jax.experimental.sparse.sparsify": _STOCK_LAYOUT_TRACE,
+    "jax.lax.scan[scan3]": _STOCK_LAYOUT_TRACE,
+    "jax.flatten_util.ravel_pytree": _VALUES_PER_PLACE,
+    "jax.scipy.sparse.linalg.bicgstab": _VALUES_PER_PLACE,
+    "jax.scipy.sparse.linalg.cg": _VALUES_PER_PLACE,
+    "jax.scipy.sparse.linalg.cg[x0]": _VALUES_PER_PLACE,
+    "jax.scipy.sparse.linalg.gmres": _VALUES_PER_PLACE,
+    "jax.fwd_and_bwd": _GIVEN_PER_PLACE,
+    "jax.jvp[tangents_share_more]": _GIVEN_PER_PLACE,
+    "jax.lax.switch": _GIVEN_PER_PLACE,
+    "jax.linear_transpose": _GIVEN_PER_PLACE,
+    "jax.linearize[tangents_share_more]": _GIVEN_PER_PLACE,
+    "jax.vjp": _GIVEN_PER_PLACE,
+}
 
 
 class Counts:
