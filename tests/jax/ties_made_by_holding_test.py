@@ -74,8 +74,10 @@ def carry_of(kind, made_by):
   if made_by == "holding":
     return model, {"kept": model, "step": Param(jnp.zeros(()))}
   shared = _places(model)[0]
-  return model, {"kept": make(shared, Param(jnp.full(3, 3.0))),
-                 "step": Param(jnp.zeros(()))}
+  return model, {
+      "kept": make(shared, Param(jnp.full(3, 3.0))),
+      "step": Param(jnp.zeros(())),
+  }
 
 
 def body(carry):
@@ -87,17 +89,20 @@ def body(carry):
 
 
 LOOPS = {
-    "scan": lambda c: lax.scan(lambda c, _: (body(c), None), c, None,
-                               length=3)[0],
+    "scan": lambda c: lax.scan(lambda c, _: (body(c), None), c, None, length=3)[
+        0
+    ],
     "while_loop": lambda c: lax.while_loop(
-        lambda c: c[1]["step"].value < 3, body, c),
+        lambda c: c[1]["step"].value < 3, body, c
+    ),
     "fori_loop": lambda c: lax.fori_loop(0, 3, lambda i, c: body(c), c),
 }
 
 
 def _split_warnings(caught):
-  return [w for w in caught
-          if issubclass(w.category, jax.tree_util.SplitTieWarning)]
+  return [
+      w for w in caught if issubclass(w.category, jax.tree_util.SplitTieWarning)
+  ]
 
 
 class TiesMadeByHoldingTest(parameterized.TestCase):
@@ -105,7 +110,9 @@ class TiesMadeByHoldingTest(parameterized.TestCase):
   @parameterized.named_parameters(
       (f"{loop}_{kind}_{made_by}", loop, kind, made_by)
       for loop, kind, made_by in itertools.product(
-          LOOPS, CONTAINERS, ("holding", "model")))
+          LOOPS, CONTAINERS, ("holding", "model")
+      )
+  )
   def test_told_where_the_model_made_the_tie(self, loop, kind, made_by):
     carry = carry_of(kind, made_by)
     with warnings.catch_warnings(record=True) as caught:
@@ -134,9 +141,11 @@ class TiesMadeByHoldingTest(parameterized.TestCase):
     import optax  # pylint: disable=g-import-not-at-top
     from optax import contrib  # pylint: disable=g-import-not-at-top
 
-    opt = {"prodigy": lambda: contrib.prodigy(1.0),
-           "mechanize": lambda: contrib.mechanize(optax.adam(1e-2)),
-           "cocob": contrib.cocob}[name]()
+    opt = {
+        "prodigy": lambda: contrib.prodigy(1.0),
+        "mechanize": lambda: contrib.mechanize(optax.adam(1e-2)),
+        "cocob": contrib.cocob,
+    }[name]()
     params = {"w": Param(jnp.ones(3)), "b": Param(jnp.zeros(3))}
     loss = lambda p: jnp.sum((2.0 * p["w"].value + p["b"].value - 1.0) ** 2)
 
@@ -147,8 +156,7 @@ class TiesMadeByHoldingTest(parameterized.TestCase):
 
     carry = (params, opt.init(params))
     with config.split_ties("raise"):
-      scanned, _ = lax.scan(lambda c, _: (step(c), None), carry, None,
-                            length=3)
+      scanned, _ = lax.scan(lambda c, _: (step(c), None), carry, None, length=3)
     stepped = carry
     for _ in range(3):
       stepped = jax.jit(step)(stepped)
