@@ -68,6 +68,10 @@ def _run_ours(case):
     for warning in told:
       assert issubclass(warning.category, tree_util.SplitTieWarning), warning
       assert "split a tie" in str(warning.message), warning
+      # The operation named is the one the user called: no name of JAX's
+      # internals (a private module or function, jax._cpp_pjit).
+      operation = str(warning.message).split(" split a tie")[0]
+      assert not re.search(r"(^|\.)_", operation), warning.message
     _OURS[case.id] = args, result, told
   return _OURS[case.id]
 

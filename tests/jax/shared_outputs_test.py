@@ -45,7 +45,7 @@ def _dup_jvp_rule(primals, tangents):
 
 
 _TOLD_APART = (
-    r"custom_(jvp|vjp).__call__ split a tie: the Param at result\[0\] "
+    r"jax.custom_(jvp|vjp) split a tie: the Param at result\[0\] "
     r"and result\[1\] is one object"
 )
 

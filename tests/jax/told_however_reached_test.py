@@ -39,8 +39,9 @@ def by_custom_vjp():
   f = jax.custom_vjp(_returns_one_object_twice)
   f.defvjp(
       lambda x: (f(x), None),
-      lambda _, g: (2.0 * (g["a"].value + g["b"].value)
-                    + g["c"].value + g["d"].value,),
+      lambda _, g: (
+          2.0 * (g["a"].value + g["b"].value) + g["c"].value + g["d"].value,
+      ),
   )
   return f
 
@@ -68,12 +69,14 @@ REACHES = {
     "direct": lambda f, x: f(x),
     "jit": lambda f, x: jax.jit(f)(x),
     "vmap": lambda f, x: jax.tree.map(lambda v: v[0], jax.vmap(f)(x[None])),
-    "jit_of_partial": lambda f, x: jax.jit(functools.partial(
-        lambda scale, y: f(scale * y), 1.0))(x),
+    "jit_of_partial": lambda f, x: jax.jit(
+        functools.partial(lambda scale, y: f(scale * y), 1.0)
+    )(x),
     "jit_of_lambda": lambda f, x: jax.jit(lambda y: f(y))(x),
     "jit_of_jit": lambda f, x: jax.jit(lambda y: jax.jit(f)(y))(x),
     "vmap_of_jit": lambda f, x: jax.tree.map(
-        lambda v: v[0], jax.vmap(jax.jit(f))(x[None])),
+        lambda v: v[0], jax.vmap(jax.jit(f))(x[None])
+    ),
 }
 
 
@@ -81,7 +84,8 @@ class ToldHoweverReachedTest(parameterized.TestCase):
 
   @parameterized.named_parameters(
       (f"{splitter}_{reach}", splitter, reach)
-      for splitter, reach in itertools.product(SPLITTERS, REACHES))
+      for splitter, reach in itertools.product(SPLITTERS, REACHES)
+  )
   def test_every_tie_told_once(self, splitter, reach):
     name, make = SPLITTERS[splitter]
     f = make()  # Traced afresh: a split is told when it is traced.
@@ -89,13 +93,21 @@ class ToldHoweverReachedTest(parameterized.TestCase):
     with warnings.catch_warnings(record=True) as caught:
       warnings.simplefilter("always")
       out = REACHES[reach](f, x)
-    told = [str(w.message) for w in caught
-            if issubclass(w.category, SplitTieWarning)]
+    told = [
+        str(w.message)
+        for w in caught
+        if issubclass(w.category, SplitTieWarning)
+    ]
     self.assertLen(told, 2, told)
     for first, second in (("a", "b"), ("c", "d")):
       self.assertTrue(
-          any(m.startswith(name) and f"result['{first}'] and "
-              f"result['{second}']" in m for m in told), (first, told))
+          any(
+              m.startswith(name)
+              and f"result['{first}'] and " f"result['{second}']" in m
+              for m in told
+          ),
+          (first, told),
+      )
     # Stock's values, and the places apart, as the function gives them.
     self.assertIsNot(out["a"], out["b"])
     self.assertIsNot(out["c"], out["d"])
