@@ -1,7 +1,7 @@
 """Every tie a call splits is told, not only the first: a model with two
 ties (`p` at a and b, `q` at c and d) split by a map with a mask, a loop
 body, a branch of `cond` or of `switch`, each tells both, naming both
-places of each."""
+places of each, once however many branches keep it."""
 
 import warnings
 
@@ -80,6 +80,21 @@ class EveryTieToldTest(jtu.JaxTestCase):
   def test_switch_branches(self):
     m = two_ties()
     self.assertTellsBothTies(lambda: lax.switch(1, [lambda c: c, apart], m))
+
+  def test_each_tie_told_once_however_many_branches_keep_it(self):
+    # Three branches keep the ties, one splits them: each tie is one split
+    # of the call, told once (it was told once per branch that kept it).
+    m = two_ties()
+    keep = lambda c: c
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always")
+      lax.switch(3, [keep, keep, keep, apart], m)
+    told = [
+        str(w.message)
+        for w in caught
+        if issubclass(w.category, SplitTieWarning)
+    ]
+    self.assertLen(told, 2, told)
 
 
 if __name__ == "__main__":
