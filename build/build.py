@@ -29,7 +29,13 @@ import urllib.parse
 from pathlib import Path
 
 from build_common import DEFAULT_VERSION, REPO, WORK, BuildError, log, run
-from jax_series import apply_patches, read_series
+from jax_series import (
+    SERIES_DIGEST_FILE,
+    apply_patches,
+    read_series,
+    recorded_series_digest,
+    series_digest,
+)
 from targets import Target, find_interpreter, resolve_target
 from toolchain import build_module, check_platform_tag, release_toolchain
 from wheel_files import (
@@ -121,6 +127,9 @@ def build_jax(
   dates = unpack(stock, root)
   apply_patches(root, read_series(version))
   dist_info = relabel(root, name, stock_version, label, dates)
+  (root / dist_info / SERIES_DIGEST_FILE).write_text(
+      series_digest(version) + "\n", encoding="utf-8"
+  )
   pinned = pin_jaxlib(root / dist_info / "METADATA", version, label)
   log(
       f"jax requires jaxlib=={version}+{label} ({pinned} Requires-Dist line(s))"
@@ -250,6 +259,25 @@ def parse_args(argv=None) -> argparse.Namespace:
       action="store_true",
       help="only print, per --python version, the interpreter found "
       "('3.X PATH') or '3.X missing', and exit",
+  )
+  parser.add_argument(
+      "--jax-only",
+      action="store_true",
+      help="build the jax wheel only (the patch series applied, seconds): "
+      "after an edit of jax_patch/, beside the jaxlib wheels of dist/",
+  )
+  parser.add_argument(
+      "--series-digest",
+      action="store_true",
+      help="only print the digest of jax_patch/<version>/ that a jax wheel "
+      f"built from it records (its dist-info's {SERIES_DIGEST_FILE}), and exit",
+  )
+  parser.add_argument(
+      "--recorded-series",
+      metavar="WHEEL",
+      type=Path,
+      help="only print the series digest that the jax wheel WHEEL records "
+      "(an empty line if none), and exit",
   )
   parser.add_argument(
       "--platform",
@@ -403,6 +431,9 @@ def build(args) -> None:
     jax_wheel = build_jax(stock_jax, args.version, args.label, dist, Path(tmp))
   log(f"RECORD verified: {jax_wheel.name} ({verify_wheel(jax_wheel)} files)")
   timings["jax wheel"] = time.monotonic() - t0
+  if args.jax_only:
+    log(f"written: {jax_wheel} (--jax-only)")
+    return
 
   results = [
       (
@@ -436,6 +467,10 @@ def main(argv=None) -> int:
   try:
     if args.find_pythons:
       find_pythons(args.python)
+    elif args.series_digest:
+      print(series_digest(args.version))
+    elif args.recorded_series:
+      print(recorded_series_digest(args.recorded_series))
     else:
       build(args)
   except BuildError as e:

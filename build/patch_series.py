@@ -13,8 +13,11 @@ new patch, or rebase the whole series onto another version's stock commit.
 
 ``export`` writes the commits after "stock jax V" back as
 ``jax_patch/V/NNNN-<subject>.patch`` files (description, then ``diff -u``
-with three lines of context, the form ``patch -p1`` applies) and rewrites
-``series``. The subject is the commit's first line, which must be the file
+with three lines of context, the form ``patch -p1`` applies), rewrites
+``series``, and writes each module the series adds, as the last commit
+leaves it, under ``jax_patch/V/modules/`` (where the formatter, the
+duplicate finder and the structure checks read it; a test checks it
+against the series). The subject is the commit's first line, which must be the file
 name without number and ending, e.g. ``scan-ys-apart-from-carry``; the rest
 of the message is the description.
 """
@@ -31,7 +34,7 @@ import zipfile
 from pathlib import Path
 
 from build_common import DEFAULT_VERSION, PATCH_ROOT, REPO, BuildError
-from jax_series import apply_patches, cached_stock_jax, read_series
+from jax_series import MODULES, apply_patches, cached_stock_jax, read_series
 
 STOCK_SUBJECT = "stock jax {version}"
 
@@ -148,7 +151,18 @@ def export(folder: Path, version: str) -> None:
     (out / name).write_text(f"{description.strip()}\n\n{diff}")
     names.append(name)
   (out / "series").write_text("".join(f"{n}\n" for n in names))
-  print(f"wrote {len(names)} patches to {out.relative_to(REPO)}")
+  modules = out / MODULES
+  shutil.rmtree(modules, ignore_errors=True)
+  added = git(
+      folder, "diff", "--name-only", "--diff-filter=A", stock[0], "HEAD"
+  ).split()
+  for path in added:
+    (modules / path).parent.mkdir(parents=True, exist_ok=True)
+    (modules / path).write_text(git(folder, "show", f"HEAD:{path}"))
+  print(
+      f"wrote {len(names)} patches to {out.relative_to(REPO)}, and the "
+      f"{len(added)} modules they add to {modules.relative_to(REPO)}"
+  )
 
 
 def main() -> None:

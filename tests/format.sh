@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Formats the project's own code: the C++ with clang-format (.clang-format),
 # the Python with pyink, JAX's formatter (pyproject.toml's [tool.pyink]).
-# jax_patch/ holds diffs against jax's sources and is left as it is.
+# jax_patch/'s diffs against jax's sources are left as they are; the modules
+# the series adds, kept whole in jax_patch/<V>/modules/, are checked as the
+# project's Python, and are the series' to change: format them in a checkout
+# of the series (build/patch_series.py) and export it, or
+# tests/test_series_modules.py finds the copies apart from the series.
 # Usage: bash tests/format.sh [--check]   (--check: change nothing, fail if a
 # file is not formatted). $PYTHON (default python3) gets the pinned formatters.
 set -euo pipefail

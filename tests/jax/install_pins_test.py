@@ -199,3 +199,22 @@ def test_the_guides_way_back_to_stock_jax(tmp_path):
   forced = dry_run(*command)
   would_install = forced.rsplit("Would install", 1)[-1].split()
   assert sorted(would_install) == [f"jax-{version}", f"jaxlib-{version}"]
+
+
+def test_the_installed_jax_is_built_from_the_series_of_jax_patch():
+  # tests/run.sh --quick builds the jax wheel again when jax_patch/ changed:
+  # the JAX-level tests must never judge a stale series.
+  sys.path.insert(0, str(ROOT / "build"))
+  try:
+    import jax_series  # pylint: disable=g-import-not-at-top
+  finally:
+    sys.path.pop(0)
+  recorded = importlib.metadata.distribution("jax").read_text(
+      jax_series.SERIES_DIGEST_FILE
+  )
+  version = (ROOT / "VERSION").read_text().strip()
+  assert recorded is not None, "the installed jax records no series"
+  assert recorded.strip() == jax_series.series_digest(version), (
+      "the installed jax wheel was built from another jax_patch/ series: "
+      "run build/build.py --jax-only and install it"
+  )
