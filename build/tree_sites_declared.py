@@ -518,4 +518,18 @@ SITES = {
         "names where a split pair sits in the user's tree: each object's "
         "first place, one visit per shared node",
     ),
+    (
+        "tie_policy",
+        "tell_tie_by_opt_in",
+        "tree_identities.tree_flatten_with_path",
+    ): (
+        SHARING,
+        "names the places of a tie a library's base class opted in, in the "
+        "user's tree the flatten met it in: one visit per shared node",
+    ),
+    ("tie_policy", "<module>", "*"): (
+        SHARING,
+        "sets the identity registries' inherited_tie_observer: the "
+        "registries themselves, no flatten",
+    ),
 }

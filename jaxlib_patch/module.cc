@@ -88,19 +88,14 @@ void BindSharedReference(nb::module_& m) {
       });
 }
 
-void BindRegistry(nb::module_& m) {
-  nb::class_<PyTreeRegistry>(m, "PyTreeRegistry", nb::dynamic_attr(),
-                             nb::type_slots(registry_gc_slots))
-      .def(nb::init<bool, bool, bool, bool, bool, bool>(),
-           nb::arg("enable_none") = true, nb::arg("enable_tuple") = true,
-           nb::arg("enable_namedtuple") = true, nb::arg("enable_list") = true,
-           nb::arg("enable_dict") = true, nb::kw_only(),
-           nb::arg("keeps_relative_identities") = true)
-      .def_prop_ro("keeps_relative_identities",
-                   &PyTreeRegistry::keeps_relative_identities,
-                   "Whether this registry's flattens keep relative identities "
-                   "(a shared opted-in node once, its other places as "
-                   "references) or lay trees out as stock jaxlib does.")
+// A registry's layout: its flag, its twins (one table of registrations, two
+// layouts), and which of them lays a tree out as a given treedef.
+void DefRegistryLayouts(nb::class_<PyTreeRegistry>& cls) {
+  cls.def_prop_ro("keeps_relative_identities",
+                  &PyTreeRegistry::keeps_relative_identities,
+                  "Whether this registry's flattens keep relative identities "
+                  "(a shared opted-in node once, its other places as "
+                  "references) or lay trees out as stock jaxlib does.")
       .def(
           "twin",
           [](nb::handle_t<PyTreeRegistry> self,
@@ -121,49 +116,46 @@ void BindRegistry(nb::module_& m) {
           "flattens keep relative identities.",
           nb::sig("def twin(self, *, keeps_relative_identities: bool) -> "
                   "PyTreeRegistry"))
-      .def("flatten", &PyTreeDef::Flatten<false>, nb::arg("tree").none(),
-           nb::arg("leaf_predicate").none() = nb::none(),
-           nb::sig("def flatten(self, tree: object | None, leaf_predicate: "
-                   "Callable[[Any], bool] | None = None) -> "
-                   "tuple[list[Any], PyTreeDef]"))
-      .def("flatten_with_path", &PyTreeDef::Flatten<true>,
-           nb::arg("tree").none(),
-           nb::arg("leaf_predicate").none() = nb::none(),
-           nb::sig("def flatten_with_path(self, tree: object | None, "
-                   "leaf_predicate: typing.Callable[[Any, Any], bool] | None = "
-                   "None) "
-                   "-> tuple[list[tuple[_KeyPath, Any]], PyTreeDef]"))
-      .def("flatten_one_level", &FlattenOneLevel, nb::arg("tree").none(),
-           nb::sig("def flatten_one_level(self, tree: object | None) -> "
-                   "tuple[Iterable[Any], Any] | None"))
-      .def("flatten_one_level_with_keys", &FlattenOneLevelWithKeys,
-           nb::arg("tree").none(),
-           nb::sig("def flatten_one_level_with_keys(self, tree: object | None) "
-                   "-> tuple[Iterable[_KeyLeafPair], Any] | None"))
-      .def("is_node", &PyTreeRegistry::IsNode, nb::arg("type"),
-           nb::sig("def is_node(self, type: type) -> bool"))
       .def(
-          "register_node",
-          [](PyTreeRegistry& self, nb::object type, nb::callable to_iterable,
-             nb::callable from_iterable,
-             std::optional<nb::callable> to_iterable_with_keys,
-             nb::handle preserve_relative_identities) {
-            self.RegisterNode(
-                std::move(type), std::move(to_iterable),
-                std::move(from_iterable),
-                to_iterable_with_keys ? nb::object(*to_iterable_with_keys)
-                                      : nb::none(),
-                CheckRegistrationFlag(preserve_relative_identities));
+          "in_layout_of",
+          [](nb::handle_t<PyTreeRegistry> self, const PyTreeDef& treedef) {
+            return nb::cast<const PyTreeRegistry&>(self).InLayoutOf(self,
+                                                                    treedef);
           },
-          nb::arg("type"), nb::arg("to_iterable"), nb::arg("from_iterable"),
-          nb::arg("to_iterable_with_keys").none() = nb::none(), nb::kw_only(),
-          nb::arg("preserve_relative_identities").none() = nb::none(),
-          nb::sig("def register_node(self, type: type[_T], to_iterable: "
-                  "Callable[[_T], tuple[_Children, _AuxData]], from_iterable: "
-                  "Callable[[_AuxData, _Children], _T], to_iterable_with_keys: "
-                  "Callable[[_T], tuple[_KeyLeafPairs, _AuxData]] | None = "
-                  "None, *, preserve_relative_identities: bool | None = None) "
-                  "-> Any"))
+          nb::arg("treedef"),
+          "This registry, or its twin that keeps relative identities (the "
+          "family's origin, where that keeps them) if `treedef` was made by "
+          "a registry that keeps them or shares nodes: the registry to "
+          "flatten with so that a tree comes out in `treedef`'s layout, as "
+          "a function's results beside its arguments.",
+          nb::sig("def in_layout_of(self, treedef: "
+                  "jaxlib_patch.pytree.PyTreeDef) -> PyTreeRegistry"));
+}
+
+// Registrations and opt-ins, which every twin of a family shares.
+void DefRegistrations(nb::class_<PyTreeRegistry>& cls) {
+  cls.def(
+         "register_node",
+         [](PyTreeRegistry& self, nb::object type, nb::callable to_iterable,
+            nb::callable from_iterable,
+            std::optional<nb::callable> to_iterable_with_keys,
+            nb::handle preserve_relative_identities) {
+           self.RegisterNode(
+               std::move(type), std::move(to_iterable),
+               std::move(from_iterable),
+               to_iterable_with_keys ? nb::object(*to_iterable_with_keys)
+                                     : nb::none(),
+               CheckRegistrationFlag(preserve_relative_identities));
+         },
+         nb::arg("type"), nb::arg("to_iterable"), nb::arg("from_iterable"),
+         nb::arg("to_iterable_with_keys").none() = nb::none(), nb::kw_only(),
+         nb::arg("preserve_relative_identities").none() = nb::none(),
+         nb::sig("def register_node(self, type: type[_T], to_iterable: "
+                 "Callable[[_T], tuple[_Children, _AuxData]], from_iterable: "
+                 "Callable[[_AuxData, _Children], _T], to_iterable_with_keys: "
+                 "Callable[[_T], tuple[_KeyLeafPairs, _AuxData]] | None = "
+                 "None, *, preserve_relative_identities: bool | None = None) "
+                 "-> Any"))
       .def(
           "register_dataclass_node",
           [](PyTreeRegistry& self, nb::type_object type,
@@ -201,10 +193,43 @@ void BindRegistry(nb::module_& m) {
                    "opted in, itself or through a base). Once true, never "
                    "false again. While false, jax.jit hands every call with "
                    "at most one dynamic keyword argument to the stock "
-                   "dispatch as it is.")
-      .def(
-          "__reduce__", [](nb::handle self) { return self.attr("__name__"); },
-          nb::sig("def __reduce__(self) -> str"));
+                   "dispatch as it is.");
+}
+
+void BindRegistry(nb::module_& m) {
+  nb::class_<PyTreeRegistry> cls(m, "PyTreeRegistry", nb::dynamic_attr(),
+                                 nb::type_slots(registry_gc_slots));
+  cls.def(nb::init<bool, bool, bool, bool, bool, bool>(),
+          nb::arg("enable_none") = true, nb::arg("enable_tuple") = true,
+          nb::arg("enable_namedtuple") = true, nb::arg("enable_list") = true,
+          nb::arg("enable_dict") = true, nb::kw_only(),
+          nb::arg("keeps_relative_identities") = true);
+  DefRegistryLayouts(cls);
+  cls.def("flatten", &PyTreeDef::Flatten<false>, nb::arg("tree").none(),
+          nb::arg("leaf_predicate").none() = nb::none(),
+          nb::sig("def flatten(self, tree: object | None, leaf_predicate: "
+                  "Callable[[Any], bool] | None = None) -> "
+                  "tuple[list[Any], PyTreeDef]"))
+      .def("flatten_with_path", &PyTreeDef::Flatten<true>,
+           nb::arg("tree").none(),
+           nb::arg("leaf_predicate").none() = nb::none(),
+           nb::sig("def flatten_with_path(self, tree: object | None, "
+                   "leaf_predicate: typing.Callable[[Any, Any], bool] | None = "
+                   "None) "
+                   "-> tuple[list[tuple[_KeyPath, Any]], PyTreeDef]"))
+      .def("flatten_one_level", &FlattenOneLevel, nb::arg("tree").none(),
+           nb::sig("def flatten_one_level(self, tree: object | None) -> "
+                   "tuple[Iterable[Any], Any] | None"))
+      .def("flatten_one_level_with_keys", &FlattenOneLevelWithKeys,
+           nb::arg("tree").none(),
+           nb::sig("def flatten_one_level_with_keys(self, tree: object | None) "
+                   "-> tuple[Iterable[_KeyLeafPair], Any] | None"))
+      .def("is_node", &PyTreeRegistry::IsNode, nb::arg("type"),
+           nb::sig("def is_node(self, type: type) -> bool"));
+  DefRegistrations(cls);
+  cls.def(
+      "__reduce__", [](nb::handle self) { return self.attr("__name__"); },
+      nb::sig("def __reduce__(self) -> str"));
 }
 
 // PyTreeDef's tree operations: unflatten, matching, composing, walking,

@@ -70,6 +70,8 @@ struct PointerHash {
   }
 };
 
+class PyTreeDef;
+
 class PyTreeRegistry {
  public:
   // A class given to OptInRelativeIdentities.
@@ -160,6 +162,10 @@ class PyTreeRegistry {
   // shared node out at each of its positions, as stock jaxlib does, and its
   // treedefs' flatten_up_to takes a tree that shares as stock takes it.
   bool keeps_relative_identities() const { return keeps_relative_identities_; }
+  // `self` (this registry's Python object), or the family's origin where it
+  // keeps relative identities and `treedef` was made by a registry that
+  // keeps them or shares nodes: whose flattens come out in its layout.
+  nb::object InLayoutOf(nb::handle self, const PyTreeDef& treedef) const;
   // Whether a flatten with this registry keeps relative identities now, on
   // this thread: as the registry says, but never inside a stock-layout
   // section (a custom derivative rule runs as on stock, so that the trees
@@ -398,13 +404,7 @@ class PyTreeDef {
   bool HasSharedNodes() const;
   // Counts this treedef in PyTreeRegistry::tied_treedefs_met if it has
   // shared nodes and the thread is in a stock-layout section.
-  void NoteIfTiedInStockLayout() const {
-    if (PyTreeRegistry::open_stock_layout_sections.load(
-            std::memory_order_relaxed) > 0 &&
-        PyTreeRegistry::stock_layout_depth > 0 && HasSharedNodes()) {
-      ++PyTreeRegistry::tied_treedefs_met;
-    }
-  }
+  void NoteIfTiedInStockLayout() const;
   // Some reference's target lies before this treedef's first node (it was
   // cut out of a larger treedef).
   bool HasExternalReferences() const;

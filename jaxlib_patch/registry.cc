@@ -47,6 +47,15 @@ PyTreeRegistry::PyTreeRegistry(PyTreeRegistry& registry,
   origin_->twins_.push_back(this);
 }
 
+nb::object PyTreeRegistry::InLayoutOf(nb::handle self,
+                                      const PyTreeDef& treedef) const {
+  if (keeps_relative_identities_ || !origin_->keeps_relative_identities_ ||
+      !(treedef.keeps_relative_identities() || treedef.HasSharedNodes())) {
+    return nb::borrow(self);
+  }
+  return origin_ref_;  // A twin's: this registry is not its origin.
+}
+
 PyTreeRegistry::~PyTreeRegistry() {
   // A twin's origin outlives it (origin_ref_ is dropped after this body).
   if (origin_ == this) return;

@@ -56,6 +56,14 @@ bool PyTreeDef::HasSharedNodes() const {
   return false;
 }
 
+void PyTreeDef::NoteIfTiedInStockLayout() const {
+  if (PyTreeRegistry::open_stock_layout_sections.load(
+          std::memory_order_relaxed) > 0 &&
+      PyTreeRegistry::stock_layout_depth > 0 && HasSharedNodes()) {
+    ++PyTreeRegistry::tied_treedefs_met;
+  }
+}
+
 bool PyTreeDef::HasExternalReferences() const {
   for (size_t i = 0; i < traversal_.size(); ++i) {
     if (traversal_[i].shared_distance > static_cast<Py_ssize_t>(i)) return true;

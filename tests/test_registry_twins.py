@@ -173,6 +173,39 @@ def test_twins_flatten_as_registries_registered_apart(tree):
   assert keeping.unshared() == stock_layout
 
 
+@settings(max_examples=150, deadline=None)
+@given(dags())
+def test_in_layout_of_names_the_twin_whose_flatten_matches_the_treedef(tree):
+  """A registry asked for the layout of a treedef answers itself, or its
+  family's origin where that keeps relative identities and the treedef was
+  made by a registry that keeps them (or shares nodes): asked by the
+  stock-layout twin (JAX's own code), a tree flattened with the answer
+  comes out in the treedef's layout."""
+  keeping = ORIGIN.flatten(tree)[1]
+  stock_layout = STOCK_LAYOUT_TWIN.flatten(tree)[1]
+  for treedef in (keeping, stock_layout):
+    for registry in (ORIGIN, STOCK_LAYOUT_TWIN):
+      chosen = registry.in_layout_of(treedef)
+      kept = treedef.keeps_relative_identities or treedef.has_shared_nodes
+      assert chosen is (ORIGIN if kept else registry)
+    assert STOCK_LAYOUT_TWIN.in_layout_of(treedef).flatten(tree)[1] == treedef
+  # A registry whose family's origin lays trees out as stock has no twin
+  # that keeps them to answer with: it answers itself.
+  stock_origin = pt.PyTreeRegistry(keeps_relative_identities=False)
+  twin = stock_origin.twin(keeps_relative_identities=True)
+  for registry in (stock_origin, twin):
+    assert registry.in_layout_of(keeping) is (
+        twin if registry is twin else stock_origin
+    )
+
+
+def test_in_layout_of_takes_a_treedef_only():
+  with pytest.raises(TypeError):
+    ORIGIN.in_layout_of(None)
+  with pytest.raises(TypeError):
+    ORIGIN.in_layout_of(pt.PyTreeRegistry())
+
+
 def test_a_twin_keeps_its_origin_and_both_are_collected():
   gc.collect()
 

@@ -11,6 +11,8 @@ document whose examples no longer match the code fails here.
 Tracebacks point into the Markdown file at the block's own line numbers.
 """
 
+import ast
+import importlib.metadata
 import pathlib
 import re
 import sys
@@ -216,3 +218,44 @@ def test_readme_links_the_docs_and_names_the_plot_command():
   for doc in DOCS:
     assert doc in readme, f"README.md does not link {doc}"
   assert "python bench/plots.py" in readme
+
+
+def _imported_packages(source):
+  """The top-level packages a block imports."""
+  names = set()
+  for node in ast.walk(ast.parse(source)):
+    if isinstance(node, ast.Import):
+      names.update(alias.name.split(".")[0] for alias in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.level == 0:
+      names.add(node.module.split(".")[0])
+  return names
+
+
+def test_docs_requirements_install_what_the_examples_import():
+  # A reader who installs docs/requirements.txt beside the wheels, as the
+  # README says, can run every example: no ModuleNotFoundError.
+  required = {
+      re.split(r"[=<>\[ ]", line)[0].strip()
+      for line in (ROOT / "docs" / "requirements.txt").read_text().splitlines()
+      if line.strip() and not line.startswith("#")
+  }
+  provides = {"orbax-checkpoint": "orbax"}
+  importable = {provides.get(name, name) for name in required}
+  # Ours, numpy (jax's dependency), and the standard library.
+  importable |= {"jax", "jaxlib", "jaxlib_patch", "numpy"}
+  importable |= set(sys.stdlib_module_names)
+  missing = {
+      f"{doc}: {package}"
+      for doc in DOCS
+      for _, block in document_blocks(doc)
+      if not block.skipped
+      for package in _imported_packages(block.source) - importable
+  }
+  assert sorted(missing) == []
+  # Each pinned version is the one these tests run with.
+  for line in (ROOT / "docs" / "requirements.txt").read_text().splitlines():
+    if "==" in line and not line.startswith("#"):
+      name, version = line.split("==")
+      assert importlib.metadata.version(name) == version.strip(), name
+  readme = (ROOT / "README.md").read_text()
+  assert "docs/requirements.txt" in readme and ".venv/bin/activate" in readme

@@ -211,10 +211,17 @@ class PreserveRelativeIdentitiesTest(jtu.JaxTestCase):
       warnings.simplefilter("always")
       tree_util.preserve_relative_identities(Module)
     (told,) = told
-    self.assertIs(told.category, UserWarning)
+    # A category of its own, a UserWarning, filterable as the others.
+    self.assertIs(told.category, tree_util.LateOptInWarning)
+    self.assertTrue(issubclass(told.category, UserWarning))
     self.assertEqual(told.filename, __file__)  # The line that opted in.
     message = str(told.message)
-    self.assertIn("preserve_relative_identities(Module) comes after", message)
+    # The base named as TiedByOptInWarning names it: by its module.
+    self.assertIn(
+        f"preserve_relative_identities({Module.__module__}."
+        f"{Module.__qualname__}) comes after",
+        message,
+    )
     self.assertIn("hold Linear at several places", message)
     self.assertIn("Opt the class in before making or transforming", message)
     self.assertIsNot(out.first, out.second)  # As said: kept apart.
@@ -263,7 +270,9 @@ class PreserveRelativeIdentitiesTest(jtu.JaxTestCase):
         print(repr(([str(w.message) for w in told], model.a is model.b)))
     """)
     (told,), tied = ast.literal_eval(stock_reference.run_child("-c", script))
-    self.assertIn("preserve_relative_identities(Module) comes after", told)
+    self.assertIn(
+        "preserve_relative_identities(equinox.Module) comes after", told
+    )
     self.assertIn("hold Linear at several places", told)
     self.assertFalse(tied)
 

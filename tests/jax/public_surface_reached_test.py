@@ -37,25 +37,16 @@ REACHES = {
 def _reached(case, reach, fam):
   """The case's arguments and its result on `fam`, its program reached as
   `reach` says, with the splits told meanwhile; or the exception's type."""
-  adapter = surface_programs.ADAPTERS[case.api]
-  args = surface_programs.build_args(
-      case.pattern, fam, adapter.n_args, surface_programs.np.random.default_rng(
-          case.seed
-      )
-  )
-  fn = (
-      surface_programs.UserFn(case.fn_mode, fam)
-      if case.fn_mode != "-"
-      else None
-  )
-  program = lambda *xs: adapter.call(xs, fn, fam)
+  args, program = surface_programs.case_program(case, fam)
   with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always", tree_util.SplitTieWarning)
     try:
       result = REACHES[reach](program)(*args)
     except Exception as e:  # pylint: disable=broad-except
       return args, type(e), []
-  told = [w for w in caught if issubclass(w.category, tree_util.SplitTieWarning)]
+  told = [
+      w for w in caught if issubclass(w.category, tree_util.SplitTieWarning)
+  ]
   return args, result, told
 
 

@@ -1,11 +1,12 @@
 """Custom rules that cannot run on copies of a tied argument.
 
 A custom_vjp's rules get a copy of a shared node per place. A fwd rule that
-raises on the copies after using a structure traced on the caller's tied
-arguments (as Equinox's checkpointed while_loop does) runs again on the
-arguments as given, and that call's rules compute with the ties, as
-jax.vjp does; any other error is raised as it is, the rule run once. A custom function's result keeps the ties it was returned
-with.
+raises what a structure that does not fit raises (a ValueError or a
+TypeError) on the copies, after using a structure traced on the caller's
+tied arguments (as Equinox's checkpointed while_loop does), runs again on
+the arguments as given, and that call's rules compute with the ties, as
+jax.vjp does; any other error is raised as it is, the rule run once. A
+custom function's result keeps the ties it was returned with.
 """
 
 import warnings
@@ -18,6 +19,18 @@ from jax._src import test_util as jtu
 
 from never_worse_than_stock_test import checkpointed_loop_over_one_node_twice
 from shared_nodes import Param
+
+
+def product_with_fwd(fwd):
+  """A custom_vjp of the sum of two Params' product, with `fwd` as its fwd
+  rule and a bwd rule that is never reached."""
+
+  @jax.custom_vjp
+  def f(a, b):
+    return jnp.sum(a.value * b.value)
+
+  f.defvjp(fwd, lambda res, ct: (None, None))
+  return f
 
 
 def product_twice(a, b):
@@ -76,23 +89,44 @@ class RulesOnTiesTest(jtu.JaxTestCase):
   def test_fwd_rule_failing_on_its_own_runs_once(self):
     # An error that no structure traced on the ties caused is the rule's
     # own: raised as it is, the rule's side effects run once.
-    p = Param(jnp.ones(2))
-    calls = []
+    self.assertFwdRunsOnce(
+        lambda a, b: "one object" if a is b else "copies", "copies"
+    )
 
-    @jax.custom_vjp
-    def f(a, b):
-      return jnp.sum(a.value * b.value)
+  def test_fwd_rule_using_a_tied_structure_then_failing_runs_once(self):
+    # A rule that used a structure traced on the ties, then failed with an
+    # error that no misfit of structure raises (neither a ValueError nor a
+    # TypeError), is not rerun: its side effects happen once and its error
+    # is raised as on stock.
+    p = Param(jnp.ones(2))
+    traced_on = jax.tree.structure((p, p))
+    leaves = jax.tree.leaves((p, p))
+    self.assertFwdRunsOnce(
+        lambda a, b: (
+            jax.tree.unflatten(traced_on, leaves)[0] is not None,
+            traced_on == traced_on,
+        ),
+        (True, True),
+        p,
+    )
+
+  def assertFwdRunsOnce(self, note, expected, p=None):
+    """A custom_vjp whose fwd rule notes `note(a, b)` and raises an error
+    of its own, differentiated at (p, p) plain and under jit: the error is
+    raised as it is, and the rule ran once, noting `expected`."""
+    p = Param(jnp.ones(2)) if p is None else p
+    notes = []
 
     def fwd(a, b):
-      calls.append("one object" if a is b else "copies")
+      notes.append(note(a, b))
       raise RuntimeError("fwd's own error")
 
-    f.defvjp(fwd, lambda res, ct: (None, None))
+    f = product_with_fwd(fwd)
     for call in (f, jax.jit(f)):
-      calls.clear()
+      notes.clear()
       with self.assertRaisesRegex(RuntimeError, "^fwd's own error$"):
         jax.grad(call, argnums=(0, 1))(p, p)
-      self.assertEqual(calls, ["copies"])
+      self.assertEqual(notes, [expected])
 
   def test_fwd_rule_failing_on_copies_and_ties_raises_as_on_copies(self):
     # A rule that met a structure traced on the ties runs again on them;
@@ -102,15 +136,11 @@ class RulesOnTiesTest(jtu.JaxTestCase):
     traced_on = jax.tree.structure((p, p))
     calls = []
 
-    @jax.custom_vjp
-    def f(a, b):
-      return jnp.sum(a.value * b.value)
-
     def fwd(a, b):
       calls.append(jax.tree.structure((a, b)) == traced_on)
       raise ValueError(f"fwd got {'one object' if a is b else 'copies'}")
 
-    f.defvjp(fwd, lambda res, ct: (None, None))
+    f = product_with_fwd(fwd)
     with self.assertRaisesRegex(ValueError, "^fwd got copies$") as caught:
       jax.grad(f, argnums=(0, 1))(p, p)
     self.assertEqual(calls, [False, True])  # On the copies, then the ties.

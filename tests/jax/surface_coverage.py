@@ -42,6 +42,7 @@ OPT_IN_API = frozenset(
         "jax.tree_util.has_relative_identities",
         "jax.tree_util.tree_retie",
         "jax.tree_util.tree_unshare",
+        "jax.tree_util.LateOptInWarning",
         "jax.tree_util.SplitTieError",
         "jax.tree_util.SplitTieWarning",
         "jax.tree_util.TiedByOptInWarning",

@@ -244,16 +244,22 @@ def run_case(case, fam):
 
 def run_case_with_args(case, fam):
   """The case's arguments, and its result on the node family `fam`."""
+  args, program = case_program(case, fam)
+  return args, _run(case, program, args)
+
+
+def case_program(case, fam):
+  """The case's arguments on the node family `fam`, and its program: the
+  public function called on them, before any derivative is taken."""
   a = ADAPTERS[case.api]
   args = build_args(
       case.pattern, fam, a.n_args, np.random.default_rng(case.seed)
   )
-  return args, _run(case, a, args, fam)
-
-
-def _run(case, a, args, fam):
   fn = UserFn(case.fn_mode, fam) if case.fn_mode != "-" else None
-  program = lambda *xs: a.call(xs, fn, fam)
+  return args, lambda *xs: a.call(xs, fn, fam)
+
+
+def _run(case, program, args):
   if case.diff == "none":
     return program(*args)
   scalar = lambda *xs: nodes.loss(program(*xs))

@@ -25,7 +25,6 @@ from jax._src import core
 from jax._src import linear_util as lu
 from jax._src import test_util as jtu
 from jax._src import traceback_util
-from jax._src import tree_identities
 from jax._src import tree_util as internal_tree_util
 from jax._src.interpreters import partial_eval as pe
 
