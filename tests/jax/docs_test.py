@@ -22,7 +22,12 @@ import types
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-DOCS = ("docs/guide.md", "docs/api.md", "docs/proposal.md")
+DOCS = (
+    "docs/guide.md",
+    "docs/api.md",
+    "docs/proposal.md",
+    "docs/architecture.md",
+)
 # Each long document and the files it is split into, in reading order.
 PARTS = {
     "docs/guide.md": (
