@@ -24,9 +24,10 @@
 # The first Python's venvs are $JAXLIB_PATCH_VENV and $JAXLIB_PATCH_JAX_VENV
 # if set (default .venv-test, .venv-jax); the others' get a -3.X suffix.
 #
-# --quick, the inner loop (a few minutes): the first Python only, its venvs
-# as they are (made as above only where missing); the module built with
-# setuptools (`setup.py build_ext --force`, warnings as errors) into
+# --quick, the inner loop (README.md gives a dated measurement of its time):
+# the first Python only, its venvs as they are (made as above only where
+# missing); the module built with setuptools (`setup.py build_ext --force`,
+# warnings as errors) into
 # build/quick_module; the module's tests against it but the fuzz campaign
 # and the sharing invariants' hypothesis search; then the JAX-level tests but
 # check_device_test.py against the custom wheels of dist/ (built by
