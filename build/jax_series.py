@@ -113,6 +113,23 @@ def file_sections(text: str) -> list:
   return sections
 
 
+def patch_command(root: Path) -> list:
+  """``patch -p1`` into ``root`` as the series is applied: no fuzz (the
+  patches are for one pinned version), no backup or reject files."""
+  if shutil.which("patch") is None:
+    raise BuildError("the 'patch' program is missing (apt-get install patch)")
+  return [
+      "patch",
+      "-p1",
+      "--batch",
+      "--forward",
+      "--fuzz=0",
+      "--no-backup-if-mismatch",
+      "-d",
+      root,
+  ]
+
+
 def rebuild_added_files(patches: list, root: Path) -> list:
   """Writes into ``root`` each file the series adds (its first section comes
   from /dev/null) from its sections alone, no stock jax needed; returns
@@ -125,17 +142,7 @@ def rebuild_added_files(patches: list, root: Path) -> list:
   for path, sections in added.items():
     for section in sections:
       done = subprocess.run(
-          [
-              "patch",
-              "-p1",
-              "--batch",
-              "--forward",
-              "--fuzz=0",
-              "--quiet",
-              "--no-backup-if-mismatch",
-              "-d",
-              root,
-          ],
+          patch_command(root) + ["--quiet"],
           input=section,
           text=True,
           capture_output=True,
@@ -154,19 +161,7 @@ def apply_patches(root: Path, patches: list) -> None:
   No fuzz is allowed (the patches are for one pinned version), and no backup
   or reject files are written.
   """
-  if shutil.which("patch") is None:
-    raise BuildError("the 'patch' program is missing (apt-get install patch)")
-  base = [
-      "patch",
-      "-p1",
-      "--batch",
-      "--forward",
-      "--fuzz=0",
-      "--no-backup-if-mismatch",
-      "-d",
-      root,
-      "-i",
-  ]
+  base = patch_command(root) + ["-i"]
   for path in patches:
     rel = path.relative_to(REPO)
     dry = subprocess.run(
